@@ -1,0 +1,184 @@
+"""The Python API: `SpeculativeDecoder.from_pretrained(...).generate(...)`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from . import loading
+from .contracts import Proposer, ProposerConfig
+from .engine import Engine, GenerationStats
+from .errors import SpecdecError
+from .plugins import get_proposer_class, get_registry, get_verifier_class
+from .sampling import SamplingParams
+from .target import TargetModel
+
+#: proposers tried, in order, when none is named; the first whose `default_for(model)` is true is used
+DEFAULT_PROPOSER_ORDER = ("dflash", "ngram")
+
+
+@dataclass
+class GenerationOutput:
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    stop_reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.to_dict(),
+                "stop_reason": self.stop_reason}
+
+
+def default_proposer(model: str | None) -> str:
+    registry = get_registry()
+    for name in DEFAULT_PROPOSER_ORDER:
+        cls = registry.proposers.get(name)
+        if cls is not None and cls.default_for(model):
+            return name
+    return "ngram"
+
+
+def format_validation_error(proposer: str, exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(part) for part in err["loc"]) or "options"
+    if err["type"] == "extra_forbidden":
+        cls = get_proposer_class(proposer)
+        known = ", ".join(cls.Config.model_fields) or "none"
+        return f"Unknown option {key!r} for proposer {proposer!r}; its options are: {known}."
+    if err["type"] == "missing":
+        return f"Proposer {proposer!r} needs the option {key!r}; pass it with --opt {key}=VALUE."
+    return f"Invalid option {key!r} for proposer {proposer!r}: {err['msg']}."
+
+
+def build_proposer_config(proposer: str, options: Mapping[str, Any]) -> ProposerConfig:
+    """Validate options against the proposer's Config before any model is loaded."""
+    cls = get_proposer_class(proposer)
+    try:
+        return cls.Config.model_validate(dict(options))
+    except ValidationError as exc:
+        raise SpecdecError(format_validation_error(proposer, exc)) from None
+
+
+def validate_generation_args(prompt: str, max_new_tokens: int) -> None:
+    if not prompt or not prompt.strip():
+        raise SpecdecError("The prompt is empty; give the text to continue.")
+    if max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+
+
+class SpeculativeDecoder:
+    """A target model, a proposer and the engine that runs them losslessly."""
+
+    def __init__(self, target: TargetModel, proposer: Proposer) -> None:
+        self.target = target
+        self.proposer = proposer
+        self.engine = Engine(target, proposer, get_verifier_class("greedy")(), get_verifier_class("rejection")())
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | None = None,
+        proposer: str | None = None,
+        dtype: str | torch.dtype = "auto",
+        draft: str | None = None,
+        device: str | torch.device | None = None,
+        cache: str = "dynamic",
+        **proposer_options: Any,
+    ) -> SpeculativeDecoder:
+        """Load a target (None: the embedded SmolLM2-135M-Instruct) and build a proposer for it.
+
+        `draft` is the proposer's draft checkpoint (its `draft` option); other keyword arguments are
+        validated against the proposer's Config before anything is loaded.
+        """
+        name = proposer or default_proposer(model)
+        options = dict(proposer_options)
+        if draft is not None:
+            options["draft"] = draft
+        config = build_proposer_config(name, options)
+        torch_device = loading.resolve_device(device)
+        torch_dtype = loading.resolve_dtype(dtype, torch_device)
+        hf_model, tokenizer = loading.load_model(model, torch_dtype, torch_device)
+        target = TargetModel(hf_model, tokenizer, cache=cache)
+        return cls(target, get_proposer_class(name)(config, target))
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any = None, proposer: str = "autoregressive",
+                   cache: str = "dynamic", **proposer_options: Any) -> SpeculativeDecoder:
+        """Wrap an already loaded transformers model (tests and notebooks)."""
+        config = build_proposer_config(proposer, proposer_options)
+        target = TargetModel(model, tokenizer, cache=cache)
+        return cls(target, get_proposer_class(proposer)(config, target))
+
+    def encode_prompt(self, prompt: str, raw: bool = False) -> torch.Tensor:
+        """A user message -> input ids [1, T]; the chat template is applied when the tokenizer has one."""
+        tokenizer = self.target.tokenizer
+        if tokenizer is None:
+            raise SpecdecError("This decoder has no tokenizer; call generate_ids with token ids instead.")
+        if not raw and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+            if isinstance(ids, Mapping):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return torch.tensor([list(ids)], dtype=torch.long, device=self.target.device)
+
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        raw: bool = False,
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenerationOutput:
+        validate_generation_args(prompt, max_new_tokens)
+        input_ids = self.encode_prompt(prompt, raw=raw)
+        return self.generate_ids(input_ids, max_new_tokens, temperature, top_k, top_p, seed, stop, on_text)
+
+    def generate_ids(
+        self,
+        input_ids: torch.Tensor | list[int],
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenerationOutput:
+        if not isinstance(input_ids, torch.Tensor):
+            input_ids = torch.tensor([list(input_ids)], dtype=torch.long)
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        tokenizer = self.target.tokenizer
+        streamer = _TextStreamer(tokenizer, on_text) if on_text is not None and tokenizer is not None else None
+        result = self.engine.generate(input_ids.to(self.target.device), max_new_tokens, sampling, seed=seed,
+                                      stop_strings=stop, on_tokens=streamer)
+        text = tokenizer.decode(result.token_ids, skip_special_tokens=True) if tokenizer is not None else ""
+        return GenerationOutput(text=text, token_ids=result.token_ids, stats=result.stats,
+                                stop_reason=result.stop_reason)
+
+
+class _TextStreamer:
+    """Turns committed token ids into new text, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer: Any, on_text: Callable[[str], None]) -> None:
+        self.tokenizer, self.on_text = tokenizer, on_text
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def __call__(self, new_ids: list[int]) -> None:
+        self.ids.extend(new_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        if len(text) > self.printed:
+            self.on_text(text[self.printed:])
+            self.printed = len(text)

@@ -1,0 +1,225 @@
+"""The decoding loop: propose, verify in one target forward, commit, roll back (DESIGN.md, data path)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .contracts import DecodeState, Draft, Proposer, Verdict, Verifier
+from .errors import PluginError, SpecdecError
+from .sampling import SamplingParams
+from .target import TargetModel
+
+
+@dataclass
+class GenerationStats:
+    num_generated_tokens: int = 0
+    num_target_forwards: int = 0
+    #: tokens committed by each verification step (accepted draft tokens + 1); plain decoding gives 1s
+    acceptance_lengths: list[int] = field(default_factory=list)
+    #: per draft position j: how many steps proposed a token there, and how many accepted it
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    propose_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        steps = self.acceptance_lengths
+        return sum(steps) / len(steps) if steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_generated_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def other_seconds(self) -> float:
+        return max(0.0, self.wall_seconds - self.prefill_seconds - self.propose_seconds - self.verify_seconds)
+
+    def to_dict(self) -> dict:
+        return {
+            "num_generated_tokens": self.num_generated_tokens,
+            "num_target_forwards": self.num_target_forwards,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_lengths": list(self.acceptance_lengths),
+            "tokens_per_second": self.tokens_per_second,
+            "wall_seconds": self.wall_seconds,
+            "proposed_per_position": list(self.proposed_per_position),
+            "accepted_per_position": list(self.accepted_per_position),
+            "prefill_seconds": self.prefill_seconds,
+            "propose_seconds": self.propose_seconds,
+            "verify_seconds": self.verify_seconds,
+            "other_seconds": self.other_seconds,
+        }
+
+
+@dataclass
+class EngineResult:
+    token_ids: list[int]
+    stats: GenerationStats
+    stop_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "context"
+
+
+class StopChecker:
+    """Finds the first newly emitted token that ends generation: an EOS id or the completion of a stop string."""
+
+    def __init__(self, eos_token_ids: set[int], stop_strings: list[str], tokenizer) -> None:
+        self.eos = eos_token_ids
+        self.stop_strings = [s for s in stop_strings if s]
+        if self.stop_strings and tokenizer is None:
+            raise SpecdecError("Stop strings need a tokenizer to decode text; load the target with its tokenizer.")
+        self.tokenizer = tokenizer
+        # enough tokens of left context that a stop string is never cut at the window's edge
+        self._window = max((len(s) for s in self.stop_strings), default=0) + 8
+
+    def first_stop(self, generated: list[int], num_new: int) -> tuple[int, str] | None:
+        """Index into `generated` of the token that stops generation among the last `num_new`, and why."""
+        start = len(generated) - num_new
+        for i in range(start, len(generated)):
+            if generated[i] in self.eos:
+                return i, "eos"
+            if self.stop_strings:
+                text = self.tokenizer.decode(generated[max(0, i + 1 - self._window - num_new): i + 1])
+                if any(s in text for s in self.stop_strings):
+                    return i, "stop_string"
+        return None
+
+
+class Engine:
+    def __init__(self, target: TargetModel, proposer: Proposer, greedy_verifier: Verifier,
+                 sampling_verifier: Verifier) -> None:
+        self.target = target
+        self.proposer = proposer
+        self.greedy_verifier = greedy_verifier
+        self.sampling_verifier = sampling_verifier
+
+    def _check_draft(self, draft: Draft, state: DecodeState) -> None:
+        """A proposer may suggest anything, but only in the shape the contract allows."""
+        name = f"Proposer {type(self.proposer).name!r} ({type(self.proposer).__module__})"
+        tokens = draft.tokens
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != state.batch_size:
+            shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise PluginError(f"{name} returned draft tokens of shape {shape}; expected a LongTensor "
+                              f"[{state.batch_size}, k].")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise PluginError(f"{name} returned draft tokens of dtype {tokens.dtype}; expected torch.long.")
+        if tokens.shape[1] > state.max_draft_tokens:
+            raise PluginError(f"{name} proposed {tokens.shape[1]} tokens but at most {state.max_draft_tokens} "
+                              "were allowed (state.max_draft_tokens).")
+        vocab = self.target.vocab_size
+        if tokens.numel() and bool(((tokens < 0) | (tokens >= vocab)).any()):
+            raise PluginError(f"{name} proposed token ids outside the vocabulary [0, {vocab}).")
+        if draft.probs is not None and tuple(draft.probs.shape) != (state.batch_size, tokens.shape[1], vocab):
+            raise PluginError(f"{name} returned draft probs of shape {tuple(draft.probs.shape)}; expected "
+                              f"[{state.batch_size}, {tokens.shape[1]}, {vocab}].")
+
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        seed: int | None = None,
+        stop_strings: list[str] | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> EngineResult:
+        """Generate after `prompt_ids` [B, T]; returns the generated ids (the stop token included)."""
+        if prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
+            raise SpecdecError("The prompt is empty; give at least one token of text.")
+        if prompt_ids.shape[0] != 1:
+            raise SpecdecError(f"Batch size {prompt_ids.shape[0]} is not supported yet; generate one prompt at a time.")
+        if max_new_tokens < 1:
+            raise SpecdecError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
+        context = self.target.max_context
+        prompt_length = int(prompt_ids.shape[1])
+        if prompt_length >= context:
+            raise SpecdecError(f"The prompt has {prompt_length} tokens but the model's context window is {context}; "
+                               "shorten the prompt.")
+        max_new_tokens = min(max_new_tokens, context - prompt_length)
+        stops = StopChecker(self.target.eos_token_ids, stop_strings or [], self.target.tokenizer)
+        verifier = self.greedy_verifier if sampling.greedy else self.sampling_verifier
+        device = self.target.device
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+
+        stats = GenerationStats()
+        start = time.perf_counter()
+        buffer = torch.empty(1, prompt_length + max_new_tokens, dtype=torch.long, device=device)
+        buffer[:, :prompt_length] = prompt_ids.to(device)
+        length = prompt_length
+        generated: list[int] = []
+        self.proposer.reset()
+
+        def state(max_draft: int) -> DecodeState:
+            return DecodeState(tokens=buffer[:, :length], max_draft_tokens=max_draft, prompt_length=prompt_length,
+                               sampling=sampling, generator=generator)
+
+        # Prefill: the prompt's logits give the first token (a step with an empty draft).
+        out = self.target.prefill(buffer[:, :length])
+        empty = Draft(tokens=buffer.new_empty(1, 0))
+        verdict = verifier.verify(out.logits, empty, sampling, generator)
+        first = int(verdict.emitted[0, 0])
+        buffer[0, length] = first
+        length += 1
+        generated.append(first)
+        stats.num_target_forwards += 1
+        stats.prefill_seconds = time.perf_counter() - start
+        if on_tokens is not None:
+            on_tokens([first])
+        stopped = stops.first_stop(generated, 1)
+        stop_reason = stopped[1] if stopped else "max_new_tokens"
+        if stopped is None and len(generated) < max_new_tokens:
+            self.proposer.prefill(state(0), out)
+
+        while stopped is None and len(generated) < max_new_tokens:
+            max_draft = max_new_tokens - len(generated) - 1
+            t0 = time.perf_counter()
+            current = state(max_draft)
+            draft = self.proposer.propose(current) if max_draft > 0 else empty
+            self._check_draft(draft, current)
+            t1 = time.perf_counter()
+            k = draft.num_tokens
+            feed = torch.cat([buffer[:, length - 1: length], draft.tokens.to(buffer.dtype)], dim=1)
+            out = self.target.forward(feed)
+            verdict: Verdict = verifier.verify(out.logits, draft, sampling, generator)
+            n = int(verdict.num_accepted[0])
+            new_tokens = verdict.emitted[0, : n + 1]
+            self.target.crop(length + n)
+            buffer[0, length: length + n + 1] = new_tokens
+            length += n + 1
+            new_list = new_tokens.tolist()
+            generated.extend(new_list)
+            stats.num_target_forwards += 1
+            stats.acceptance_lengths.append(n + 1)
+            while len(stats.proposed_per_position) < k:
+                stats.proposed_per_position.append(0)
+                stats.accepted_per_position.append(0)
+            for j in range(k):
+                stats.proposed_per_position[j] += 1
+                stats.accepted_per_position[j] += int(j < n)
+            t2 = time.perf_counter()
+            stats.propose_seconds += t1 - t0
+            stats.verify_seconds += t2 - t1
+            stopped = stops.first_stop(generated, len(new_list))
+            if stopped is not None:
+                cut = stopped[0] + 1
+                dropped = len(generated) - cut
+                del generated[cut:]
+                new_list = new_list[: len(new_list) - dropped]
+                stop_reason = stopped[1]
+            if on_tokens is not None and new_list:
+                on_tokens(new_list)
+            if stopped is None and len(generated) < max_new_tokens:
+                t3 = time.perf_counter()
+                self.proposer.observe(state(0), verdict, out)
+                stats.propose_seconds += time.perf_counter() - t3
+
+        if stopped is None and len(generated) >= max_new_tokens and prompt_length + len(generated) >= context:
+            stop_reason = "context"
+        stats.num_generated_tokens = len(generated)
+        stats.wall_seconds = time.perf_counter() - start
+        return EngineResult(token_ids=generated, stats=stats, stop_reason=stop_reason)

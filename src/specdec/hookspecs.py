@@ -1,0 +1,44 @@
+"""The hooks a specdec plugin may implement (entry-point group ``specdec``).
+
+A plugin is a module with functions marked ``@specdec.hookimpl``. Each hook receives a ``register``
+callback and calls it once per class it contributes. Built-in proposers, verifiers and caches are
+registered through these same hooks, as default plugins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("specdec")
+hookimpl = pluggy.HookimplMarker("specdec")
+
+
+@hookspec
+def register_proposers(register: Callable[[type], None]) -> None:
+    """Register proposer classes.
+
+    :param register: call ``register(cls)`` for each :class:`specdec.Proposer` subclass. ``cls.name``
+        is what ``--proposer`` takes and must be unique across all plugins; ``cls.Config`` (a
+        :class:`specdec.ProposerConfig`) validates its options.
+    """
+
+
+@hookspec
+def register_verifiers(register: Callable[[type], None]) -> None:
+    """Register verifier classes.
+
+    :param register: call ``register(cls)`` for each :class:`specdec.Verifier` subclass. A verifier
+        turns the target's logits ``[B, k+1, V]`` and a draft into a :class:`specdec.Verdict`; it alone
+        guarantees that output is lossless, whatever the proposer suggests.
+    """
+
+
+@hookspec
+def register_caches(register: Callable[[type], None]) -> None:
+    """Register target KV-cache classes.
+
+    :param register: call ``register(cls)`` for each :class:`specdec.KVCache` subclass; a cache must
+        support ``crop(length)`` so rejected draft positions can be rolled back.
+    """

@@ -1,0 +1,1 @@
+"""Built-in proposers, registered through the same hook as third-party ones (see specdec.builtin)."""

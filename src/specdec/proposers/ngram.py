@@ -1,0 +1,48 @@
+"""Prompt lookup decoding (Saxena 2023): copy what followed the latest earlier occurrence of the suffix."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from ..contracts import DecodeState, Draft, Proposer, ProposerConfig
+
+
+def find_continuation(tokens: np.ndarray, min_n: int, max_n: int, num_tokens: int) -> np.ndarray:
+    """Tokens following the most recent earlier match of the longest suffix n-gram (max_n down to min_n)."""
+    length = tokens.shape[0]
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n:]
+        # windows starting at 0 .. length-n-1: every earlier n-gram, never the suffix itself
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return tokens[start: start + num_tokens]
+    return tokens[:0]
+
+
+class NgramProposer(Proposer):
+    name = "ngram"
+    description = "prompt lookup: continues the longest suffix n-gram found earlier in prompt + output"
+
+    class Config(ProposerConfig):
+        num_tokens: int = Field(10, ge=1, description="most tokens proposed per step")
+        min_n: int = Field(1, ge=1, description="shortest suffix n-gram to match")
+        max_n: int = Field(3, ge=1, description="longest suffix n-gram to match")
+
+        @model_validator(mode="after")
+        def _ordered(self):
+            if self.min_n > self.max_n:
+                raise ValueError(f"min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
+            return self
+
+    def propose(self, state: DecodeState) -> Draft:
+        limit = min(self.config.num_tokens, state.max_draft_tokens)
+        rows = []
+        for row in state.tokens.cpu().numpy():
+            rows.append(find_continuation(row, self.config.min_n, self.config.max_n, limit))
+        width = min(len(r) for r in rows)  # one k for the batch: trim to the shortest row
+        tokens = torch.from_numpy(np.stack([r[:width] for r in rows])).to(state.tokens.device)
+        return Draft(tokens=tokens)

@@ -1,0 +1,156 @@
+"""The target adapter: one transformers causal LM, its KV cache, and hidden-state taps.
+
+Taps are captured with forward hooks on the requested decoder layers only; layer id L is the output of
+decoder layer L (transformers' ``hidden_states[L + 1]``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .contracts import KVCache
+from .errors import SpecdecError
+
+
+@dataclass
+class TargetOutput:
+    """logits: [B, n, V] (prefill keeps only the last position); taps: layer id -> [B, n_tokens, H]."""
+
+    logits: torch.Tensor
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def tapped(self, layer_ids: list[int] | tuple[int, ...]) -> torch.Tensor:
+        """The requested taps concatenated on the feature axis: [B, n_tokens, len(layer_ids) * H]."""
+        return torch.cat([self.taps[i] for i in layer_ids], dim=-1)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    base = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise SpecdecError(f"{type(model).__name__} has no `model.layers` list of decoder layers; specdec supports "
+                           "decoder-only transformers models laid out like Llama, Qwen or Mistral.")
+    return layers
+
+
+class TargetModel:
+    """Wraps a transformers causal LM for speculative decoding (prefill, k-token forward, rollback)."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any = None, cache: str = "dynamic") -> None:
+        from .plugins import get_cache_class
+
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self._layers = decoder_layers(model)
+        self._cache_class = get_cache_class(cache)
+        self._cache: KVCache | None = None
+        self._tap_ids: list[int] = []
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks: list[Any] = []
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    # -- what proposers may read -------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 0) or 2**31 - 1)
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if value is None:
+                continue
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+        return {int(i) for i in ids}
+
+    # -- taps ----------------------------------------------------------------------------------------
+    def request_taps(self, layer_ids: list[int] | tuple[int, ...]) -> None:
+        """Capture the outputs of these decoder layers in every later forward (ids in [0, num_layers))."""
+        for layer_id in layer_ids:
+            if not 0 <= layer_id < self.num_layers:
+                raise SpecdecError(f"Hidden-state tap at layer {layer_id} is outside the target's "
+                                   f"{self.num_layers} decoder layers (valid ids: 0..{self.num_layers - 1}).")
+            if layer_id in self._tap_ids:
+                continue
+            self._tap_ids.append(layer_id)
+            self._hooks.append(self._layers[layer_id].register_forward_hook(self._make_hook(layer_id)))
+
+    def _make_hook(self, layer_id: int):
+        def hook(_module, _inputs, output):
+            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    # -- cache and forwards -------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._cache = self._cache_class(self.model)
+
+    @property
+    def cache_length(self) -> int:
+        return 0 if self._cache is None else self._cache.length()
+
+    def crop(self, length: int) -> None:
+        """Roll the KV cache back to its first `length` positions."""
+        assert self._cache is not None
+        self._cache.crop(length)
+
+    @torch.inference_mode()
+    def _run(self, input_ids: torch.Tensor, logits_to_keep: int) -> TargetOutput:
+        assert self._cache is not None, "call reset() before the first forward"
+        start = self._cache.length()
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        self._captured = {}
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions.expand(input_ids.shape[0], -1),
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **{self._cache_kwarg: self._cache.hf_cache},
+        )
+        taps, self._captured = self._captured, {}
+        return TargetOutput(logits=out.logits, taps=taps)
+
+    def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
+        """Read the prompt [B, T] into a fresh cache; logits of the last position only, taps for all."""
+        self.reset()
+        return self._run(input_ids, logits_to_keep=1)
+
+    def forward(self, input_ids: torch.Tensor) -> TargetOutput:
+        """Feed [B, n] tokens at the positions following the cache; logits for all n positions."""
+        return self._run(input_ids, logits_to_keep=0)
