@@ -149,4 +149,5 @@ class Registry:
     proposers: dict[str, type[Proposer]] = field(default_factory=dict)
     verifiers: dict[str, type[Verifier]] = field(default_factory=dict)
     caches: dict[str, type[KVCache]] = field(default_factory=dict)
+    objectives: dict[str, type] = field(default_factory=dict)
     origins: dict[tuple[str, str], str] = field(default_factory=dict)

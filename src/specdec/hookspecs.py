@@ -42,3 +42,13 @@ def register_caches(register: Callable[[type], None]) -> None:
     :param register: call ``register(cls)`` for each :class:`specdec.KVCache` subclass; a cache must
         support ``crop(length)`` so rejected draft positions can be rolled back.
     """
+
+
+@hookspec
+def register_objectives(register: Callable[[type], None]) -> None:
+    """Register training objectives for ``specdec train --proposer NAME``.
+
+    :param register: call ``register(cls)`` for each :class:`specdec.training.TrainingObjective`
+        subclass; ``cls.name`` is the proposer it trains drafts for. The shared trainer owns the loop,
+        optimiser, checkpoints and evaluation; the objective owns the draft and its loss.
+    """

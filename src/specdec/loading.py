@@ -121,9 +121,20 @@ def load_model(name: str | None, dtype: torch.dtype, device: torch.device) -> tu
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+        tokenizer = _load_tokenizer(AutoTokenizer, folder, kwargs)
     except OSError as exc:
         raise SpecdecError(f"Could not load model {name!r}: {str(exc).splitlines()[0]}; give a local folder "
                            "or make sure the hub is reachable.") from exc
     return model.to(device).eval(), tokenizer
+
+
+def _load_tokenizer(auto_tokenizer: Any, folder: str | Path, kwargs: dict[str, Any]) -> Any:
+    """The folder's tokenizer, or None for a weights-only local folder (token ids in, token ids out)."""
+    local = os.path.isdir(folder)
+    has_files = local and any(
+        os.path.exists(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json",
+                                                          "tokenizer.model", "vocab.json"))
+    if local and not has_files and "gguf_file" not in kwargs:
+        return None
+    return auto_tokenizer.from_pretrained(folder, **kwargs)

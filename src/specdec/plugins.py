@@ -19,7 +19,7 @@ from .errors import PluginError
 
 ENV_ALLOWLIST = "SPECDEC_LOAD_PLUGINS"
 BUILTIN_DISTRIBUTION = "specdec (built-in)"
-_KINDS = {"proposers": Proposer, "verifiers": Verifier, "caches": KVCache}
+_KINDS = {"proposers": Proposer, "verifiers": Verifier, "caches": KVCache, "objectives": object}
 
 
 def _allowed_entry_points() -> set[str] | None:
@@ -77,6 +77,12 @@ def collect(pm: pluggy.PluginManager, labels: dict[str, str]) -> Registry:
                 if not (isinstance(cls, type) and issubclass(cls, _base)):
                     raise PluginError(f"{_origin} registered {cls!r} as one of the {_kind}, but it is not a "
                                       f"subclass of specdec.{_base.__name__}; subclass it.")
+                if _kind == "objectives":
+                    from .training.objective import TrainingObjective
+
+                    if not issubclass(cls, TrainingObjective):
+                        raise PluginError(f"{_origin} registered {cls!r} as a training objective, but it is not a "
+                                          "subclass of specdec.training.TrainingObjective; subclass it.")
                 name = getattr(cls, "name", "")
                 if not name:
                     raise PluginError(f"{_origin} registered {cls.__name__} without a `name`; give the class a "
@@ -121,3 +127,11 @@ def get_cache_class(name: str) -> type[KVCache]:
         known = ", ".join(sorted(registry.caches))
         raise PluginError(f"Unknown cache {name!r}; choose one of: {known}.")
     return registry.caches[name]
+
+
+def get_objective_class(name: str) -> type:
+    registry = get_registry()
+    if name not in registry.objectives:
+        known = ", ".join(sorted(registry.objectives)) or "none"
+        raise PluginError(f"No training objective for proposer {name!r}; trainable proposers: {known}.")
+    return registry.objectives[name]

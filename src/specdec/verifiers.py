@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from specdec_kernels import greedy_verify, rejection_sample
 
 from .contracts import Draft, Verdict, Verifier

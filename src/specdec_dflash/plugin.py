@@ -1,4 +1,4 @@
-"""Entry point of the dflash plugin (group `specdec`)."""
+"""Entry point of the dflash plugin (group `specdec`): the proposer and its training objective."""
 
 import specdec
 
@@ -8,3 +8,10 @@ def register_proposers(register):
     from .proposer import DFlashProposer
 
     register(DFlashProposer)
+
+
+@specdec.hookimpl
+def register_objectives(register):
+    from .training import DFlashObjective
+
+    register(DFlashObjective)

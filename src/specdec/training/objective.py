@@ -1,0 +1,47 @@
+"""What a plugin supplies to make its drafts trainable by the shared trainer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from ..target import TargetModel
+
+
+class ObjectiveConfig(BaseModel):
+    """Options of a training objective (`specdec train --opt key=value`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrainingObjective:
+    """The per-proposer part of training: the draft being trained and its loss on one sequence."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
+
+    def __init__(self, config: ObjectiveConfig, target: TargetModel, init: str | Path | None = None) -> None:
+        self.config = config
+        self.target = target
+
+    @property
+    def module(self) -> nn.Module:  # pragma: no cover - interface
+        """The trainable draft (everything else stays frozen)."""
+        raise NotImplementedError
+
+    def loss(self, tokens: torch.Tensor, loss_mask: torch.Tensor,
+             generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
+        """tokens, loss_mask: [T] for one sequence -> (scalar loss, metrics for the progress bar)."""
+        raise NotImplementedError
+
+    def save_draft(self, folder: str | Path) -> Path:  # pragma: no cover - interface
+        """Write a checkpoint the proposer loads with its `draft` option."""
+        raise NotImplementedError
+
+    def proposer_options(self, folder: str | Path) -> dict[str, Any]:
+        """Options that make the proposer use the draft saved in `folder` (for evaluation)."""
+        return {"draft": str(folder)}

@@ -1,0 +1,253 @@
+"""The shared training loop: AdamW, cosine schedule with warmup, clipping, checkpoints, resume, evaluation, DDP.
+
+A run directory holds:
+- ``draft/``: the latest draft in its proposer's checkpoint format (loadable with ``--draft``);
+- ``trainer_state.safetensors``: float32 master weights and AdamW moments (no pickle anywhere);
+- ``trainer_state.json``: step, epoch, position in the epoch, settings and the metrics history.
+Under ``torchrun`` every rank trains on its own slice of each epoch, gradients are all-reduced, and rank 0
+writes the checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..errors import SpecdecError
+from .data import DataDir
+from .objective import TrainingObjective
+
+
+@dataclass
+class TrainSettings:
+    steps: int = 1000
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    sequences_per_step: int = 2
+    max_sequence_length: int = 1024
+    save_every: int = 100
+    eval_every: int = 0  # 0 = only at the end
+    eval_prompts: int = 8
+    eval_max_new_tokens: int = 64
+    eval_fraction: float = 0.01  # share of sequences held out (by id hash) for evaluation
+    seed: int = 0
+    max_minutes: float | None = None
+
+
+def lr_at(step: int, settings: TrainSettings) -> float:
+    warmup = max(1, int(settings.warmup_ratio * settings.steps))
+    if step < warmup:
+        return settings.lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, settings.steps - warmup))
+    floor = settings.min_lr_ratio
+    return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _held_out(sequence_id: str, fraction: float) -> bool:
+    digest = int(hashlib.sha1(sequence_id.encode()).hexdigest()[:8], 16)
+    return digest % 10_000 < fraction * 10_000
+
+
+def split_sequences(data: DataDir, fraction: float, max_length: int):
+    """(train, held-out) lists of (tokens, loss_mask); held-out is chosen by id hash, stable as data grows."""
+    index = data.read_index()
+    train, held = [], []
+    ids = [i for shard in index["shards"] for i in shard["ids"]]
+    for sequence_id, (tokens, mask) in zip(ids, data.sequences(), strict=True):
+        tokens, mask = tokens[:max_length], mask[:max_length]
+        (held if _held_out(sequence_id, fraction) else train).append((tokens, mask))
+    return train, held
+
+
+def _state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    tensors = {f"param/{k}": v.detach().float().contiguous() for k, v in module.state_dict().items()}
+    names = {id(p): n for n, p in module.named_parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    tensors[f"optim/{names[id(p)]}/{key}"] = value.contiguous()
+                elif isinstance(value, torch.Tensor):
+                    tensors[f"optim/{names[id(p)]}/{key}"] = value.reshape(1).float()
+    return tensors
+
+
+def _load_state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        tensors: dict[str, torch.Tensor]) -> None:
+    module.load_state_dict({k[len("param/"):]: v for k, v in tensors.items() if k.startswith("param/")})
+    params = dict(module.named_parameters())
+    for key, value in tensors.items():
+        if not key.startswith("optim/"):
+            continue
+        name, _, field = key[len("optim/"):].rpartition("/")
+        p = params[name]
+        state = optimizer.state.setdefault(p, {})
+        state[field] = value.reshape(()) if field == "step" else value.to(p.device)
+
+
+def save_checkpoint(run_dir: Path, objective: TrainingObjective, optimizer, state: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=run_dir, prefix=".draft-"))
+    objective.save_draft(staging)
+    final = run_dir / "draft"
+    if final.exists():
+        old = run_dir / ".draft-old"
+        os.replace(final, old)
+        os.replace(staging, final)
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    else:
+        os.replace(staging, final)
+    tmp = run_dir / "trainer_state.safetensors.tmp"
+    save_file(_state_tensors(objective.module, optimizer), str(tmp))
+    os.replace(tmp, run_dir / "trainer_state.safetensors")
+    tmp_json = run_dir / "trainer_state.json.tmp"
+    tmp_json.write_text(json.dumps(state, indent=1))
+    os.replace(tmp_json, run_dir / "trainer_state.json")
+
+
+def evaluate_acceptance(objective: TrainingObjective, proposer_name: str, prompts: list[torch.Tensor],
+                        max_new_tokens: int) -> float:
+    """Mean acceptance length of the real proposer, greedy, on held-out prompts (saves a temporary draft)."""
+    from ..api import SpeculativeDecoder, build_proposer_config
+    from ..plugins import get_proposer_class
+
+    if not prompts:
+        return float("nan")
+    target = objective.target
+    module = objective.module
+    was_training = module.training
+    module.eval()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            objective.save_draft(folder)
+            config = build_proposer_config(proposer_name, objective.proposer_options(folder))
+            decoder = SpeculativeDecoder(target, get_proposer_class(proposer_name)(config, target))
+            accepted, steps = 0, 0
+            for prompt in prompts:
+                out = decoder.generate_ids(prompt.unsqueeze(0), max_new_tokens=max_new_tokens)
+                accepted += sum(out.stats.acceptance_lengths)
+                steps += len(out.stats.acceptance_lengths)
+    finally:
+        module.train(was_training)
+    return accepted / steps if steps else float("nan")
+
+
+def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.PathLike, run_dir: str | os.PathLike,
+          settings: TrainSettings, resume: bool = False, progress: bool = True,
+          extra_state: dict[str, Any] | None = None) -> dict:
+    """Train `objective.module` on the sequences of `data_dir`; returns the final trainer state."""
+    run = Path(run_dir)
+    data = DataDir(data_dir)
+    if objective.target.tokenizer is not None:
+        data.check_target(objective.target.tokenizer)
+    else:
+        data.read_index()
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    rank, world = 0, 1
+    if distributed:  # gradients are averaged by hand after each step: the loss is not a module's forward
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    params = [p for p in objective.module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "history": [], "settings": asdict(settings),
+                             "proposer": proposer_name, "data_dir": str(data_dir), **(extra_state or {})}
+    if resume:
+        state_file = run / "trainer_state.json"
+        if not state_file.is_file():
+            raise SpecdecError(f"Nothing to resume in {run} (no trainer_state.json); drop --resume to start afresh.")
+        saved = json.loads(state_file.read_text())
+        _load_state_tensors(objective.module, optimizer, load_file(run / "trainer_state.safetensors"))
+        state.update({k: saved[k] for k in ("step", "epoch", "position", "history")})
+    elif (run / "trainer_state.json").exists():
+        raise SpecdecError(f"{run} already holds a training run; pass --resume to continue it or choose another --out.")
+
+    train_set, held_out = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
+    if not train_set:
+        raise SpecdecError(f"{data_dir} holds no training sequences; generate data first.")
+    eval_prompts = [tokens[~mask.bool()] if (~mask.bool()).any() else tokens[:1] for tokens, mask in
+                    held_out[: settings.eval_prompts]]
+    generator = torch.Generator().manual_seed(settings.seed + 7919 * state["epoch"] + rank)
+    started = time.perf_counter()
+    window: list[dict[str, float]] = []
+    tokens_seen = 0
+
+    def epoch_order(epoch: int) -> list[int]:
+        order = list(range(len(train_set)))
+        random.Random(settings.seed + epoch).shuffle(order)
+        return order[rank::world]
+
+    order = epoch_order(state["epoch"])
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = [TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+    with Progress(*columns, disable=not progress or rank != 0) as bar:
+        task = bar.add_task("train", total=settings.steps, completed=state["step"], info="")
+        while state["step"] < settings.steps:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(state["step"], settings)
+            optimizer.zero_grad(set_to_none=True)
+            metrics: list[dict[str, float]] = []
+            for _ in range(settings.sequences_per_step):
+                if state["position"] >= len(order):
+                    state["epoch"] += 1
+                    state["position"] = 0
+                    order = epoch_order(state["epoch"])
+                tokens, mask = train_set[order[state["position"]]]
+                state["position"] += 1
+                loss, info = objective.loss(tokens, mask, generator)
+                (loss / settings.sequences_per_step).backward()
+                metrics.append(info)
+                tokens_seen += int(tokens.numel())
+            if distributed:
+                for p in params:
+                    if p.grad is not None:
+                        torch.distributed.all_reduce(p.grad)
+                        p.grad /= world
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, settings.grad_clip))
+            optimizer.step()
+            state["step"] += 1
+            summary = {k: sum(m[k] for m in metrics) / len(metrics) for k in metrics[0]}
+            summary.update(step=state["step"], lr=optimizer.param_groups[0]["lr"], grad_norm=grad_norm)
+            window.append(summary)
+            rate = tokens_seen / (time.perf_counter() - started)
+            last = window[-20:]
+            avg = {k: sum(m[k] for m in last) / len(last) for k in ("loss", "accuracy")}
+            info_text = f"loss {avg['loss']:.3f} acc@1 {avg['accuracy']:.3f} {rate:.0f} tok/s"
+            if state["history"] and "acceptance" in state["history"][-1]:
+                info_text += f" τ {state['history'][-1]['acceptance']:.2f}"
+            bar.update(task, completed=state["step"], info=info_text)
+            out_of_time = settings.max_minutes is not None and (time.perf_counter() - started) > 60 * settings.max_minutes
+            done = state["step"] >= settings.steps or out_of_time
+            if rank == 0 and (state["step"] % settings.save_every == 0 or done):
+                record = {"step": state["step"], "epoch": state["epoch"], **avg, "tokens_per_second": rate,
+                          "elapsed_seconds": time.perf_counter() - started}
+                if done or (settings.eval_every and state["step"] % settings.eval_every == 0):
+                    record["acceptance"] = evaluate_acceptance(objective, proposer_name, eval_prompts,
+                                                               settings.eval_max_new_tokens)
+                state["history"].append(record)
+                save_checkpoint(run, objective, optimizer, state)
+                if not progress:
+                    print(json.dumps(record), flush=True)
+            if out_of_time:
+                break
+    return state

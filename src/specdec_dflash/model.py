@@ -1,0 +1,272 @@
+"""The DFlash draft model (arXiv 2602.06036), top to bottom in one file.
+
+A block of ``block_size`` positions, ``[last committed token, mask, ..., mask]``, is embedded with the
+target's embeddings and denoised in one forward pass. Every layer attends, without a causal mask, over
+the whole block and over *context features*: the target's hidden states at a few layers, fused by
+``fc`` and ``hidden_norm``, projected to keys and values by that layer's own k/v projections ("KV
+injection"). The target's LM head reads the last ``block_size - 1`` positions as draft tokens.
+
+Shapes: B batch, n block positions, c context positions, H hidden, h heads, g key/value heads, d head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+
+class DFlashConfig(BaseModel):
+    """The draft's hyper-parameters, as stored in a z-lab DFlash ``config.json``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    block_size: int = Field(16, ge=2)
+    mask_token_id: int = Field(ge=0)
+    target_layer_ids: list[int]
+    num_target_layers: int = Field(gt=0)
+    vocab_size: int | None = None
+    max_position_embeddings: int = 32768
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DFlashConfig:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty")
+        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        return self
+
+    def window_of(self, layer: int) -> int | None:
+        """How many context positions layer `layer` sees (None: all)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @staticmethod
+    def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+        """Evenly spread taps from layer 1 to layer L-3 (the middle layer for a one-layer draft)."""
+        if num_draft_layers == 1:
+            return [num_target_layers // 2]
+        span = num_target_layers - 4
+        return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+    @classmethod
+    def from_checkpoint_json(cls, raw: dict) -> DFlashConfig:
+        """Read a z-lab config.json: `block_size` top level or in `dflash_config`; `auto_map` ignored."""
+        flat = {k: v for k, v in raw.items() if k not in ("auto_map", "dflash_config")}
+        dflash = raw.get("dflash_config") or {}
+        for key in ("mask_token_id", "target_layer_ids", "block_size"):
+            if key in dflash and dflash[key] is not None:
+                flat[key] = dflash[key]
+        if "rope_theta" not in flat:
+            rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+            if "rope_theta" in rope:
+                flat["rope_theta"] = rope["rope_theta"]
+        if not flat.get("target_layer_ids") and "num_target_layers" in flat and "num_hidden_layers" in flat:
+            flat["target_layer_ids"] = cls.default_target_layer_ids(flat["num_target_layers"],
+                                                                    flat["num_hidden_layers"])
+        return cls.model_validate(flat)
+
+    def to_checkpoint_json(self) -> dict:
+        """The z-lab layout, which z-lab's code, vLLM and SGLang (`method: dflash`) read."""
+        config = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "num_target_layers": self.num_target_layers,
+            "block_size": self.block_size,
+            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
+                              "block_size": self.block_size},
+            "sliding_window": self.sliding_window,
+            "use_sliding_window": self.sliding_window is not None,
+        }
+        if self.layer_types is not None:
+            config["layer_types"] = list(self.layer_types)
+        return config
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, n] -> cos, sin [B, 1, n, d] (broadcast over heads)."""
+        freqs = positions.unsqueeze(-1).float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class DraftCache:
+    """Per layer, the rotated keys and values of every context position the draft has seen: [B, g, c, d]."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else int(self.keys[0].shape[2])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DFlashConfig, layer: int) -> None:
+        super().__init__()
+        h, g, d, hidden = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.hidden_size
+        self.heads, self.kv_heads, self.head_dim = h, g, d
+        self.window = config.window_of(layer)
+        self.layer = layer
+        self.q_proj = nn.Linear(hidden, h * d, bias=False)
+        self.k_proj = nn.Linear(hidden, g * d, bias=False)
+        self.v_proj = nn.Linear(hidden, g * d, bias=False)
+        self.o_proj = nn.Linear(h * d, hidden, bias=False)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps)
+        self.k_norm = RMSNorm(d, config.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear, heads: int) -> torch.Tensor:
+        return proj(x).view(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)  # [B, heads, n, d]
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, n, H] normed block hidden states
+        context: torch.Tensor,  # [B, c, H] fused context features not yet in the cache
+        rope_block: tuple[torch.Tensor, torch.Tensor],
+        rope_context: tuple[torch.Tensor, torch.Tensor],
+        cache: DraftCache | None,
+        attention_mask: torch.Tensor | None,  # [n, c_total + n] bool, True = may attend (training)
+    ) -> torch.Tensor:
+        batch, n, _ = x.shape
+        q = apply_rope(self.q_norm(self._heads(x, self.q_proj, self.heads)), *rope_block)
+        k_block = apply_rope(self.k_norm(self._heads(x, self.k_proj, self.kv_heads)), *rope_block)
+        v_block = self._heads(x, self.v_proj, self.kv_heads)
+        k_ctx = apply_rope(self.k_norm(self._heads(context, self.k_proj, self.kv_heads)), *rope_context)
+        v_ctx = self._heads(context, self.v_proj, self.kv_heads)
+        if cache is not None:
+            past_k, past_v = cache.keys[self.layer], cache.values[self.layer]
+            if past_k is not None:
+                k_ctx, v_ctx = torch.cat([past_k, k_ctx], dim=2), torch.cat([past_v, v_ctx], dim=2)
+            if self.window is not None:
+                k_ctx, v_ctx = k_ctx[:, :, -self.window:], v_ctx[:, :, -self.window:]
+            # the block is not kept: the next step's block re-enters at the new committed position
+            cache.keys[self.layer], cache.values[self.layer] = k_ctx, v_ctx
+        k = torch.cat([k_ctx, k_block], dim=2)
+        v = torch.cat([v_ctx, v_block], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False,
+                                             enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, n, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DFlashConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, context, rope_block, rope_context, cache, attention_mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), context, rope_block, rope_context, cache, attention_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(nn.Module):
+    """Weights named exactly as in z-lab's checkpoints; no embeddings or LM head (they are the target's)."""
+
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.fc = nn.Linear(len(config.target_layer_ids) * hidden, hidden, bias=False)
+        self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps)
+        self.norm = RMSNorm(hidden, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+
+    def fuse_context(self, tapped: torch.Tensor) -> torch.Tensor:
+        """[B, c, len(target_layer_ids) * H] target hidden states -> [B, c, H] context features."""
+        return self.hidden_norm(self.fc(tapped))
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,  # [B, n, H] target embeddings of [last token, mask, ...]
+        tapped: torch.Tensor,  # [B, c, len(target_layer_ids) * H] target hidden states not yet cached
+        context_positions: torch.Tensor,  # [B, c]
+        block_positions: torch.Tensor,  # [B, n]
+        cache: DraftCache | None = None,
+        attention_mask: torch.Tensor | None = None,  # [n, c + n] bool (training: packed blocks)
+    ) -> torch.Tensor:
+        """Returns the final-normed block hidden states [B, n, H]; the target's LM head turns them to logits."""
+        dtype = block_embeds.dtype
+        context = self.fuse_context(tapped)
+        rope_block = self.rotary(block_positions, dtype)
+        rope_context = self.rotary(context_positions, dtype)
+        x = block_embeds
+        for layer in self.layers:
+            x = layer(x, context, rope_block, rope_context, cache, attention_mask)
+        return self.norm(x)

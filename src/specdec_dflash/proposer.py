@@ -1,0 +1,98 @@
+"""The `dflash` proposer: one draft forward per step proposes up to block_size - 1 tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from pydantic import Field
+
+from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict
+from specdec.errors import SpecdecError
+from specdec.sampling import logits_to_probs
+from specdec.target import TargetModel
+
+from .checkpoint import check_against_target, load_draft
+from .model import DraftCache
+
+#: the draft this project trained for the embedded default target, shipped inside the package
+SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
+
+
+def shipped_draft_available() -> bool:
+    return (SHIPPED_DRAFT / "config.json").is_file() and any(SHIPPED_DRAFT.glob("*.safetensors"))
+
+
+class DFlashProposer(Proposer):
+    name = "dflash"
+    description = "DFlash block diffusion: a whole block drafted in one pass, conditioned on target hidden states"
+
+    class Config(ProposerConfig):
+        draft: str | None = Field(None, description="DFlash checkpoint folder (default: the shipped SmolLM2 draft)")
+        block_size: int | None = Field(None, ge=2, description="block size, at most the trained one")
+
+    @classmethod
+    def default_for(cls, model: str | None) -> bool:
+        return model is None and shipped_draft_available()
+
+    def __init__(self, config: Config, target: TargetModel) -> None:
+        super().__init__(config, target)
+        if config.draft is None and not shipped_draft_available():
+            raise SpecdecError("Proposer 'dflash' needs a draft checkpoint; pass --draft PATH (or --opt draft=PATH).")
+        folder = Path(config.draft) if config.draft is not None else SHIPPED_DRAFT
+        from .checkpoint import read_config
+
+        draft_config = read_config(folder)
+        check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, str(folder))
+        block_size = config.block_size or draft_config.block_size
+        if block_size > draft_config.block_size:
+            raise SpecdecError(f"block_size {block_size} is larger than the {draft_config.block_size} the draft "
+                               f"{folder} was trained with; use --opt block_size={draft_config.block_size} or less.")
+        self.model = load_draft(folder, dtype=target.dtype, device=target.device)
+        self.block_size = block_size
+        self.layer_ids = list(draft_config.target_layer_ids)
+        target.request_taps(self.layer_ids)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DraftCache(self.model.config.num_hidden_layers)
+        self._pending: torch.Tensor | None = None  # tapped target states not yet in the draft cache
+        self._pending_start = 0  # position of the first pending state
+
+    def prefill(self, state: DecodeState, target_output: TargetOutput) -> None:
+        self._pending = target_output.tapped(self.layer_ids)  # every prompt position
+        self._pending_start = 0
+
+    def observe(self, state: DecodeState, verdict: Verdict, target_output: TargetOutput) -> None:
+        # The verification forward saw [last committed, draft...]; the first n+1 are committed now, so their
+        # hidden states become context, and no extra target pass is needed.
+        accepted = int(verdict.num_accepted[0]) + 1
+        start = state.length - accepted - 1
+        new = target_output.tapped(self.layer_ids)[:, :accepted]
+        if self._pending is None:
+            self._pending, self._pending_start = new, start
+        else:
+            self._pending = torch.cat([self._pending, new], dim=1)
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Draft:
+        k = min(self.block_size - 1, state.max_draft_tokens)
+        length = state.length
+        device = state.tokens.device
+        block = torch.full((state.batch_size, self.block_size), self.model.config.mask_token_id, dtype=torch.long,
+                           device=device)
+        block[:, 0] = state.tokens[:, -1]
+        block_positions = torch.arange(length - 1, length - 1 + self.block_size, device=device).unsqueeze(0)
+        pending = self._pending
+        assert pending is not None and self._pending_start + pending.shape[1] == length - 1, "context out of sync"
+        context_positions = torch.arange(self._pending_start, length - 1, device=device).unsqueeze(0)
+        hidden = self.model(self.target.embed_tokens(block), pending, context_positions, block_positions,
+                            cache=self.cache)
+        self._pending = None
+        logits = self.target.lm_head(hidden[:, 1: 1 + k])  # [B, k, V]
+        sampling = state.sampling
+        if sampling is None or sampling.greedy:
+            return Draft(tokens=logits.argmax(dim=-1))
+        probs = logits_to_probs(logits, sampling)
+        tokens = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=state.generator)
+        return Draft(tokens=tokens.view(probs.shape[0], k), probs=probs)

@@ -1,0 +1,201 @@
+"""DFlash's training objective (arXiv 2602.06036, section 4): packed anchor blocks, decaying position weights.
+
+For one sequence: the frozen target gives hidden states at the draft's tap layers for every position.
+Random anchors are drawn among response positions; each anchor p becomes a block
+``[token p, mask x (B-1)]`` whose slot k (1..B-1) must predict token p + k. All blocks are packed into one
+draft forward whose attention mask lets a block see the context strictly before its anchor (exactly what
+the proposer sees at inference) and its own block in both directions, nothing of other blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from specdec.errors import SpecdecError
+from specdec.target import TargetModel
+from specdec.training.objective import ObjectiveConfig, TrainingObjective
+
+from .checkpoint import check_against_target, load_draft, save_draft
+from .model import DFlashConfig, DFlashDraftModel
+
+
+def loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
+    """w_k = exp(-(k - 1) / gamma) for slots k = 1..B-1; gamma 7 for B=16, 5 for B=10, 4 for B=8 (the paper's)."""
+    if gamma is None:
+        gamma = {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, (block_size - 2) / 2))
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(k - 1) / gamma)
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> torch.Tensor:
+    """Sorted anchor positions [A]: response positions with at least one token after them."""
+    length = loss_mask.shape[0]
+    candidates = torch.nonzero(loss_mask[: length - 1]).flatten()
+    if candidates.numel() == 0:
+        return candidates
+    if candidates.numel() > num_anchors:
+        keep = torch.randperm(candidates.numel(), generator=generator)[:num_anchors]
+        candidates = candidates[keep]
+    return candidates.sort().values
+
+
+def block_inputs(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int,
+                 mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(block ids [A*B], block positions [A*B], labels [A, B-1], label valid [A, B-1]).
+
+    Slot k of the block anchored at p sits at position p + k and predicts tokens[p + k] (k >= 1).
+    """
+    length = tokens.shape[0]
+    offsets = torch.arange(block_size, device=tokens.device)
+    positions = anchors.unsqueeze(1) + offsets  # [A, B]
+    ids = torch.full_like(positions, mask_token_id)
+    ids[:, 0] = tokens[anchors]
+    label_positions = positions[:, 1:]
+    valid = label_positions < length
+    labels = torch.where(valid, tokens[label_positions.clamp(max=length - 1)], -100)
+    return ids.flatten(), positions.flatten(), labels, valid
+
+
+def packed_attention_mask(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
+    """[A*B, context_length + A*B] bool, True where a query may attend.
+
+    Query slot of block a sees context positions j < anchors[a] and every slot of block a.
+    """
+    num_blocks = anchors.shape[0]
+    device = anchors.device
+    block_of_query = torch.arange(num_blocks, device=device).repeat_interleave(block_size)  # [A*B]
+    context = torch.arange(context_length, device=device).unsqueeze(0) < anchors[block_of_query].unsqueeze(1)
+    same_block = block_of_query.unsqueeze(1) == block_of_query.unsqueeze(0)
+    return torch.cat([context, same_block], dim=1)
+
+
+def pick_mask_token(tokenizer) -> int:
+    """An unused special token for a target without a mask token: the last special token that is neither
+    bos, eos, pad nor unk, and does not appear in the chat template."""
+    if tokenizer is None:
+        raise SpecdecError("Choosing a mask token needs the target's tokenizer; pass --opt mask_token_id=ID.")
+    reserved = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    template = getattr(tokenizer, "chat_template", None) or ""
+    mask = getattr(tokenizer, "mask_token_id", None)
+    if mask is not None:
+        return int(mask)
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    candidates = [i for i, tok in sorted(decoder.items())
+                  if getattr(tok, "special", False) and i not in reserved and str(tok) not in template]
+    if not candidates:
+        raise SpecdecError("The target's tokenizer has no unused special token to use as the DFlash mask; pass "
+                           "--opt mask_token_id=ID with a token id that never occurs in text.")
+    return int(candidates[-1])
+
+
+class DFlashObjective(TrainingObjective):
+    name = "dflash"
+
+    class Config(ObjectiveConfig):
+        num_layers: int = Field(3, ge=1, description="draft decoder layers (new drafts)")
+        block_size: int = Field(16, ge=2, description="block size (new drafts)")
+        num_anchors: int = Field(64, ge=1, description="anchor blocks per sequence, resampled every epoch")
+        gamma: float | None = Field(None, gt=0, description="loss decay; default by block size (7 for 16)")
+        mask_token_id: int | None = Field(None, ge=0, description="default: an unused special token")
+        target_layer_ids: list[int] | None = Field(None, description="default: spread over the target's depth")
+        intermediate_size: int | None = Field(None, gt=0, description="default: the target's")
+
+    def __init__(self, config: Config, target: TargetModel, init: str | Path | None = None) -> None:
+        super().__init__(config, target)
+        if init is not None:
+            draft = load_draft(init, dtype=torch.float32, device=target.device)
+            check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
+            if config.block_size > draft.config.block_size:
+                raise SpecdecError(f"block_size {config.block_size} is larger than the {draft.config.block_size} "
+                                   f"the draft {init} was trained for; use --opt block_size="
+                                   f"{draft.config.block_size} or less.")
+        else:
+            tc = target.config
+            layer_ids = config.target_layer_ids or DFlashConfig.default_target_layer_ids(target.num_layers,
+                                                                                         config.num_layers)
+            heads = int(tc.num_attention_heads)
+            draft_config = DFlashConfig(
+                hidden_size=target.hidden_size,
+                num_hidden_layers=config.num_layers,
+                num_attention_heads=heads,
+                num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
+                head_dim=int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
+                intermediate_size=config.intermediate_size or int(tc.intermediate_size),
+                rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
+                rope_theta=_rope_theta(tc),
+                block_size=config.block_size,
+                mask_token_id=config.mask_token_id if config.mask_token_id is not None
+                else pick_mask_token(target.tokenizer),
+                target_layer_ids=layer_ids,
+                num_target_layers=target.num_layers,
+                vocab_size=target.vocab_size,
+                max_position_embeddings=int(getattr(tc, "max_position_embeddings", 32768)),
+            )
+            check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, "(new)")
+            draft = DFlashDraftModel(draft_config).to(target.device)
+            _init_weights(draft)
+        self.draft = draft.float().train()
+        self.block_size = config.block_size if init is None else min(config.block_size, draft.config.block_size)
+        self.weights = loss_weights(self.block_size, config.gamma).to(target.device)
+        target.request_taps(list(self.draft.config.target_layer_ids))
+        for p in target.model.parameters():
+            p.requires_grad_(False)
+
+    @property
+    def module(self) -> DFlashDraftModel:
+        return self.draft
+
+    def loss(self, tokens: torch.Tensor, loss_mask: torch.Tensor,
+             generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        device = self.target.device
+        tokens, loss_mask = tokens.to(device), loss_mask.to(device)
+        anchors = sample_anchors(loss_mask, self.config.num_anchors, generator).to(device)
+        if anchors.numel() == 0:
+            zero = sum(p.sum() for p in self.draft.parameters()) * 0.0
+            return zero, {"loss": 0.0, "accuracy": 0.0}
+        length = tokens.shape[0]
+        with torch.no_grad():
+            self.target.reset()
+            tapped = self.target.prefill(tokens.unsqueeze(0)).tapped(self.draft.config.target_layer_ids)
+        tapped = tapped.clone()  # an inference-mode tensor cannot be saved for backward; a clone can
+        ids, positions, labels, valid = block_inputs(tokens, anchors, self.block_size, self.draft.config.mask_token_id)
+        mask = packed_attention_mask(anchors, length, self.block_size)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type in ("cpu", "cuda")):
+            embeds = self.target.embed_tokens(ids.unsqueeze(0)).detach()
+            hidden = self.draft(embeds, tapped, torch.arange(length, device=device).unsqueeze(0),
+                                positions.unsqueeze(0), attention_mask=mask)
+            hidden = hidden.view(anchors.shape[0], self.block_size, -1)[:, 1:]  # slots 1..B-1
+            logits = self.target.lm_head(hidden.contiguous()).float()  # [A, B-1, V]
+        ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
+        weights = self.weights.unsqueeze(0) * valid
+        loss = (ce.view_as(weights) * weights).sum() / weights.sum()
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == labels) & valid
+            accuracy = correct[:, 0].float().mean().item()  # slot-1 accuracy: the first draft token
+        return loss, {"loss": float(loss.detach()), "accuracy": accuracy}
+
+    def save_draft(self, folder: str | Path) -> Path:
+        return save_draft(self.draft, folder)
+
+
+def _rope_theta(config) -> float:
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        theta = params.get("rope_theta", 10000.0)
+    return float(theta)
+
+
+def _init_weights(model: DFlashDraftModel, std: float = 0.02) -> None:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=std)
+    # residual projections scaled down with depth (GPT-2 style) so the untrained draft starts near identity
+    for layer in model.layers:
+        for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            torch.nn.init.normal_(proj.weight, std=std / math.sqrt(2 * len(model.layers)))

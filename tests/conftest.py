@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny random Llama- and Qwen3-style models built in the test (no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Hermetic: only this project's own plugin loads from entry points.
+os.environ.setdefault("SPECDEC_LOAD_PLUGINS", "dflash")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+def tiny_model(kind: str = "llama", vocab: int = 128, hidden: int = 32, layers: int = 4, heads: int = 4,
+               kv_heads: int = 2, dtype: torch.dtype = torch.float64, seed: int = 0, max_positions: int = 512):
+    """A random tiny causal LM; float64 makes greedy decoding exactly reproducible."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                  eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif kind == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=hidden // heads, **common))
+    else:
+        raise ValueError(kind)
+    # Sharper logits than the default init: fewer near-ties, more varied greedy continuations.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3.0)
+    return model.to(dtype).eval()
+
+
+def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    """Reference: full recompute every step, argmax, no cache."""
+    ids = list(prompt)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            token = int(logits.argmax())
+            out.append(token)
+            ids.append(token)
+            if eos is not None and token == eos:
+                break
+    return out
+
+
+@pytest.fixture(scope="session")
+def llama64():
+    return tiny_model("llama", seed=1)
+
+
+@pytest.fixture(scope="session")
+def qwen64():
+    return tiny_model("qwen3", seed=2)
