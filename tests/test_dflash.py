@@ -1,0 +1,212 @@
+"""DFlash: the cached proposer against a plain full-recompute reference, checkpoints, and bad drafts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import plain_greedy, tiny_model
+from safetensors.torch import load_file, save_file
+
+from specdec import SpeculativeDecoder, SpecdecError
+from specdec_dflash.checkpoint import load_draft, save_draft
+from specdec_dflash.model import DFlashConfig, DFlashDraftModel
+
+HIDDEN, HEADS, KV, HEAD_DIM, LAYERS, VOCAB = 32, 4, 2, 8, 4, 128
+
+
+def make_config(**overrides) -> DFlashConfig:
+    values = dict(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=KV,
+                  head_dim=HEAD_DIM, intermediate_size=48, block_size=6, mask_token_id=5,
+                  target_layer_ids=[0, 2], num_target_layers=LAYERS, vocab_size=VOCAB, rope_theta=10000.0)
+    values.update(overrides)
+    return DFlashConfig(**values)
+
+
+def write_draft(folder, seed=0, dtype=torch.float64, **overrides):
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(make_config(**overrides))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)  # norms away from 1, sharper attention
+    save_draft(model, folder, dtype=dtype)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=3)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A plain reference written from the paper's description: no cache, everything recomputed at every step.
+# ---------------------------------------------------------------------------------------------------------
+def rms(x, w, eps):
+    return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
+
+
+def rope(x, positions, theta):
+    # x [n, heads, d]; rotate pairs (i, i + d/2) by angle p * theta^(-2i/d)
+    d = x.shape[-1]
+    freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = positions.double().unsqueeze(-1) * freqs  # [n, d/2]
+    cos, sin = angle.cos().unsqueeze(1), angle.sin().unsqueeze(1)
+    a, b = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def reference_draft(weights, cfg, target, committed, k):
+    # hidden_states[L + 1] is decoder layer L's output, except for the last layer, whose entry transformers
+    # stores after the final norm; the tests therefore never tap the last layer (z-lab's defaults never do).
+    eps = cfg["rms_norm_eps"]
+    dflash = cfg["dflash_config"]
+    with torch.no_grad():
+        states = target(torch.tensor([committed]), output_hidden_states=True).hidden_states
+        raw = torch.cat([states[i + 1][0, :-1] for i in dflash["target_layer_ids"]], dim=-1)
+        context = rms(raw @ weights["fc.weight"].T, weights["hidden_norm.weight"], eps)
+        block_size = cfg["block_size"]
+        c = len(committed)
+        ids = torch.tensor([committed[-1]] + [dflash["mask_token_id"]] * (block_size - 1))
+        x = target.get_input_embeddings()(ids)
+        ctx_pos = torch.arange(c - 1)
+        blk_pos = torch.arange(c - 1, c - 1 + block_size)
+        heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        for layer in range(cfg["num_hidden_layers"]):
+            w = {name.split(f"layers.{layer}.", 1)[1]: t for name, t in weights.items()
+                 if name.startswith(f"layers.{layer}.")}
+            h = rms(x, w["input_layernorm.weight"], eps)
+            q = rms((h @ w["self_attn.q_proj.weight"].T).view(block_size, heads, d), w["self_attn.q_norm.weight"], eps)
+            both = torch.cat([context, h])
+            key = rms((both @ w["self_attn.k_proj.weight"].T).view(-1, kv, d), w["self_attn.k_norm.weight"], eps)
+            val = (both @ w["self_attn.v_proj.weight"].T).view(-1, kv, d)
+            q = rope(q, blk_pos, cfg["rope_theta"])
+            key = rope(key, torch.cat([ctx_pos, blk_pos]), cfg["rope_theta"])
+            out = torch.empty(block_size, heads, d, dtype=x.dtype)
+            for head in range(heads):
+                g = head // (heads // kv)
+                scores = (q[:, head] @ key[:, g].T) / math.sqrt(d)  # no causal mask: every query sees all
+                out[:, head] = scores.softmax(-1) @ val[:, g]
+            x = x + out.reshape(block_size, heads * d) @ w["self_attn.o_proj.weight"].T
+            h = rms(x, w["post_attention_layernorm.weight"], eps)
+            gate = torch.nn.functional.silu(h @ w["mlp.gate_proj.weight"].T)
+            x = x + (gate * (h @ w["mlp.up_proj.weight"].T)) @ w["mlp.down_proj.weight"].T
+        x = rms(x, weights["norm.weight"], eps)
+        logits = target.get_output_embeddings()(x[1: 1 + k])
+        return logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("layers,block,taps", [(1, 4, [1]), (2, 6, [0, 2]), (3, 3, [2, 1, 0])])
+def test_cached_proposer_matches_full_recompute(tmp_path, target, layers, block, taps):
+    folder = write_draft(tmp_path, seed=layers, num_hidden_layers=layers, block_size=block, target_layer_ids=taps)
+    weights = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
+    cfg = json.loads((folder / "config.json").read_text())
+    decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder))
+    seen = []
+    original = decoder.proposer.propose
+
+    def recording(state):
+        draft = original(state)
+        seen.append((state.tokens[0].tolist(), draft.tokens[0].tolist()))
+        return draft
+
+    decoder.proposer.propose = recording
+    prompt = [11, 12, 13, 14, 15, 16, 17]
+    out = decoder.generate_ids(prompt, max_new_tokens=25)
+    assert out.token_ids == plain_greedy(target, prompt, 25)
+    assert len(seen) >= 5
+    for committed, drafted in seen:
+        assert drafted == reference_draft(weights, cfg, target, committed, len(drafted)), committed
+
+
+def test_round_trip_and_zlab_layout(tmp_path, target):
+    folder = write_draft(tmp_path / "a", seed=4)
+    model = load_draft(folder, dtype=torch.float64)
+    again = save_draft(model, tmp_path / "b", dtype=torch.float64)
+    first, second = load_file(folder / "model.safetensors"), load_file(again / "model.safetensors")
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    cfg = json.loads((again / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["dflash_config"] == {"mask_token_id": 5, "target_layer_ids": [0, 2], "block_size": 6}
+    expected = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
+        f"layers.{i}.{name}.weight" for i in range(2) for name in (
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm",
+            "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+            "post_attention_layernorm")}
+    assert set(second) == expected
+
+
+def test_zlab_checkpoint_with_auto_map_runs_without_its_code(tmp_path, target):
+    folder = write_draft(tmp_path, seed=5)
+    cfg = json.loads((folder / "config.json").read_text())
+    # z-lab's published layout: block_size at the top level only, auto_map pointing at remote code
+    cfg["dflash_config"].pop("block_size")
+    cfg["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    marker = tmp_path / "executed"
+    (folder / "dflash.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nraise SystemExit(3)\n")
+    out = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder)).generate_ids(
+        [3, 4, 5], max_new_tokens=12)
+    assert out.token_ids == plain_greedy(target, [3, 4, 5], 12)
+    assert not marker.exists()
+
+
+def test_block_size_in_dflash_config_is_read(tmp_path):
+    folder = write_draft(tmp_path, seed=6, block_size=8)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.pop("block_size")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_draft(folder).config.block_size == 8
+
+
+def test_default_target_layer_ids():
+    assert DFlashConfig.default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B, 5-layer draft
+    assert DFlashConfig.default_target_layer_ids(30, 1) == [15]
+    assert DFlashConfig.default_target_layer_ids(30, 3) == [1, 14, 27]
+
+
+def break_checkpoint(folder, how):
+    weights = load_file(folder / "model.safetensors")
+    cfg = json.loads((folder / "config.json").read_text())
+    if how == "missing":
+        weights.pop("layers.1.mlp.up_proj.weight")
+    elif how == "shape":
+        weights["fc.weight"] = weights["fc.weight"][:, :-1].contiguous()
+    elif how == "layer":
+        cfg["dflash_config"]["target_layer_ids"] = [0, LAYERS]
+    elif how == "hidden":
+        cfg["hidden_size"] = 48
+    elif how == "mask":
+        cfg["dflash_config"]["mask_token_id"] = VOCAB
+    elif how == "pickle":
+        (folder / "model.safetensors").unlink()
+        (folder / "pytorch_model.bin").write_bytes(b"not read")
+        return
+    save_file(weights, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("how,message", [
+    ("missing", "lacks the tensor 'layers.1.mlp.up_proj.weight'"),
+    ("shape", "Tensor 'fc.weight' .* has shape"),
+    ("layer", r"taps target layers \[4\] but the target has only 4 layers"),
+    ("hidden", "hidden size 48 but the target has 32"),
+    ("mask", "mask token 128, outside the target's vocabulary of 128"),
+    ("pickle", "only pickle weights .*pytorch_model.bin"),
+])
+def test_bad_checkpoints_fail_with_one_clear_sentence(tmp_path, target, how, message):
+    folder = write_draft(tmp_path, seed=7)
+    break_checkpoint(folder, how)
+    with pytest.raises(SpecdecError, match=message):
+        SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder))
+
+
+def test_block_size_option(tmp_path, target):
+    folder = write_draft(tmp_path, seed=8, block_size=6)
+    with pytest.raises(SpecdecError, match="block_size 8 is larger than the 6"):
+        SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), block_size=8)
+    out = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), block_size=3).generate_ids(
+        [9, 10], max_new_tokens=15)
+    assert out.token_ids == plain_greedy(target, [9, 10], 15)
+    assert max(out.stats.acceptance_lengths) <= 3
