@@ -61,3 +61,29 @@ def llama64():
 @pytest.fixture(scope="session")
 def qwen64():
     return tiny_model("qwen3", seed=2)
+
+
+def tiny_tokenizer(vocab: int = 128):
+    """A word-level tokenizer over words w0..w{vocab-1} ("w3 w7" -> [3, 7]), with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(vocab)}
+    backend = Tokenizer(models.WordLevel(vocab=words, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", eos_token="w1")
+    tokenizer.chat_template = "{% for m in messages %}w2 {{ m['content'] }} w3 {% endfor %}"
+    return tokenizer
+
+
+def save_tiny_model(folder, kind: str = "llama", vocab: int = 128, with_tokenizer: bool = True, **kwargs):
+    """A tiny model (+ tokenizer) saved as a transformers folder, for CLI tests (--model FOLDER)."""
+    model = tiny_model(kind, vocab=vocab, dtype=torch.float32, **kwargs)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(folder)
+    if with_tokenizer:
+        tiny_tokenizer(vocab).save_pretrained(folder)
+    return str(folder)

@@ -10,7 +10,7 @@ import torch
 from conftest import plain_greedy, tiny_model
 from safetensors.torch import load_file, save_file
 
-from specdec import SpeculativeDecoder, SpecdecError
+from specdec import SpecdecError, SpeculativeDecoder
 from specdec_dflash.checkpoint import load_draft, save_draft
 from specdec_dflash.model import DFlashConfig, DFlashDraftModel
 

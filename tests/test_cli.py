@@ -1,0 +1,235 @@
+"""The CLI: JSON contract, plugins listing, third-party plugins, and every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+from conftest import plain_greedy, save_tiny_model, tiny_model
+
+from specdec.cli import main
+from specdec.plugins import get_registry
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0, max_positions=64)
+
+
+def run_cli(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def assert_clean_error(result, *fragments):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    message = result.output.strip().splitlines()
+    assert len(message) == 1 and message[0].startswith("error: "), result.output
+    for fragment in fragments:
+        assert fragment in message[0], message[0]
+
+
+def test_run_json_contract_and_lossless(model_dir):
+    result = run_cli("run", "--model", model_dir, "--proposer", "ngram", "--dtype", "float32", "--json",
+                     "-n", "12", "w5 w6 w7 w5 w6")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert set(out) == {"text", "token_ids", "stats"}
+    assert set(out["stats"]) == {"num_generated_tokens", "num_target_forwards", "mean_acceptance_length",
+                                 "acceptance_lengths", "tokens_per_second", "wall_seconds"}
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompt = [2, 5, 6, 7, 5, 6, 3]  # the chat template wraps the user message in w2 ... w3
+    assert out["token_ids"] == plain_greedy(model, prompt, 12)
+    assert out["stats"]["num_generated_tokens"] == 12
+
+
+def test_raw_skips_the_chat_template(model_dir):
+    result = run_cli("run", "--model", model_dir, "-p", "autoregressive", "--raw", "--json", "-n", "5", "w9 w8")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    assert json.loads(result.output)["token_ids"] == plain_greedy(model, [9, 8], 5)
+
+
+def test_unknown_proposer_lists_known(model_dir):
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "nope", "hi"), "Unknown proposer 'nope'",
+                       "ngram", "autoregressive")
+
+
+def test_unknown_option(model_dir):
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "ngram", "--opt", "speed=9", "hi"),
+                       "Unknown option 'speed'", "num_tokens")
+
+
+def test_invalid_option_value(model_dir):
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "ngram", "--opt", "num_tokens=0", "hi"),
+                       "Invalid option 'num_tokens'", "greater than or equal to 1")
+
+
+def test_malformed_option(model_dir):
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "ngram", "--opt", "num_tokens", "hi"),
+                       "key=value")
+
+
+def test_empty_prompt(model_dir):
+    assert_clean_error(run_cli("run", "--model", model_dir, "  "), "prompt is empty")
+
+
+def test_max_new_tokens_below_one(model_dir):
+    assert_clean_error(run_cli("run", "--model", model_dir, "-n", "0", "hi"), "--max-new-tokens must be at least 1")
+
+
+def test_prompt_past_the_context_window(model_dir):
+    prompt = " ".join(f"w{i % 100 + 5}" for i in range(80))
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "ngram", prompt), "context window is 64")
+
+
+def test_missing_model_folder():
+    assert_clean_error(run_cli("run", "--model", "./no/such/folder", "hi"), "does not exist")
+
+
+def test_draft_with_another_vocabulary(model_dir, tmp_path):
+    other = save_tiny_model(tmp_path / "other", vocab=64, with_tokenizer=False, layers=1)
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "draft", "--draft", other, "hi"),
+                       "vocabulary of 64 tokens but the target has 128")
+
+
+def test_dflash_without_a_draft_for_a_custom_target(model_dir):
+    result = run_cli("run", "--model", model_dir, "-p", "dflash", "hi")
+    assert_clean_error(result, "needs a draft checkpoint")
+
+
+# -- third-party plugins through the entry-point group ------------------------------------------------------
+PLUGIN = textwrap.dedent('''
+    import torch
+    import specdec
+
+    class Echo(specdec.Proposer):
+        """Proposes the last token again: a legitimate (if weak) proposer."""
+        name = "echo"
+        description = "repeats the last token"
+        class Config(specdec.ProposerConfig):
+            num_tokens: int = 2
+        def propose(self, state):
+            k = min(self.config.num_tokens, state.max_draft_tokens)
+            return specdec.Draft(tokens=state.tokens[:, -1:].repeat(1, k))
+
+    class WrongShape(specdec.Proposer):
+        name = "bad-shape"
+        def propose(self, state):
+            return specdec.Draft(tokens=torch.zeros(3, dtype=torch.long))
+
+    class OutOfRange(specdec.Proposer):
+        name = "bad-ids"
+        def propose(self, state):
+            return specdec.Draft(tokens=torch.full((1, 1), 10**6, dtype=torch.long))
+
+    class TooMany(specdec.Proposer):
+        name = "bad-count"
+        def propose(self, state):
+            return specdec.Draft(tokens=torch.zeros(1, state.max_draft_tokens + 1, dtype=torch.long))
+
+    @specdec.hookimpl
+    def register_proposers(register):
+        for cls in (Echo, WrongShape, OutOfRange, TooMany):
+            register(cls)
+''')
+
+
+def install_fake_dist(root, dist, module, source, entry_name):
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"  # the wheel spelling: '-' only before the version
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[specdec]\n{entry_name} = {module}\n")
+
+
+@pytest.fixture
+def plugin_path(tmp_path, monkeypatch):
+    install_fake_dist(tmp_path, "specdec-echo", "specdec_echo_plugin", PLUGIN, "echo")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SPECDEC_LOAD_PLUGINS", "dflash,echo")
+    get_registry.cache_clear()
+    yield tmp_path
+    get_registry.cache_clear()
+
+
+def test_third_party_plugin_is_listed_and_works(plugin_path, model_dir):
+    listing = json.loads(run_cli("plugins", "--json").output)
+    echo = next(row for row in listing if row["name"] == "echo")
+    assert echo["distribution"] == "specdec-echo 0.1" and echo["options"]["num_tokens"]["default"] == 2
+    assert {"ngram", "autoregressive", "draft", "dflash"} <= {row["name"] for row in listing}
+    result = run_cli("run", "--model", model_dir, "-p", "echo", "--json", "-n", "10", "w4 w4 w4")
+    assert result.exit_code == 0, result.output
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    assert json.loads(result.output)["token_ids"] == plain_greedy(model, [2, 4, 4, 4, 3], 10)
+
+
+@pytest.mark.parametrize("name,fragment", [
+    ("bad-shape", "returned draft tokens of shape (3,)"),
+    ("bad-ids", "outside the vocabulary [0, 128)"),
+    ("bad-count", "were allowed"),
+])
+def test_broken_proposers_are_named(plugin_path, model_dir, name, fragment):
+    result = run_cli("run", "--model", model_dir, "-p", name, "-n", "6", "w4 w5")
+    assert_clean_error(result, f"Proposer '{name}'", fragment)
+
+
+def test_allowlist_keeps_tests_hermetic(plugin_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_LOAD_PLUGINS", "")
+    get_registry.cache_clear()
+    assert "echo" not in get_registry().proposers and "dflash" not in get_registry().proposers
+    assert "ngram" in get_registry().proposers  # built-ins always load
+
+
+def test_duplicate_names_name_both_distributions(plugin_path, monkeypatch):
+    source = PLUGIN.replace('name = "echo"', 'name = "ngram"')
+    install_fake_dist(plugin_path, "specdec-clash", "specdec_clash_plugin", source, "clash")
+    monkeypatch.setenv("SPECDEC_LOAD_PLUGINS", "clash")
+    get_registry.cache_clear()
+    from specdec.errors import PluginError
+
+    with pytest.raises(PluginError, match=r"'ngram': specdec \(built-in\) and specdec-clash 0.1"):
+        get_registry()
+
+
+def test_plugin_that_fails_to_import_warns_and_others_work(plugin_path, monkeypatch):
+    install_fake_dist(plugin_path, "specdec-broken", "specdec_broken_plugin", "raise ImportError('no numpy 9')\n",
+                      "broken")
+    monkeypatch.setenv("SPECDEC_LOAD_PLUGINS", "broken,echo")
+    get_registry.cache_clear()
+    with pytest.warns(UserWarning, match="'broken' .*specdec-broken 0.1.*no numpy 9"):
+        registry = get_registry()
+    assert "echo" in registry.proposers and "ngram" in registry.proposers
+
+
+def test_console_script_exit_code_and_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "specdec.cli", "run", "-p", "nope", "hi"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: Unknown proposer 'nope'")
+
+
+def test_python_api_engine_names_plugin():
+    from specdec import PluginError, SpeculativeDecoder, TargetModel
+
+    class Bad(__import__("specdec").Proposer):
+        name = "inline-bad"
+
+        def propose(self, state):
+            import torch
+
+            return __import__("specdec").Draft(tokens=torch.zeros(1, 2, 1, dtype=torch.long))
+
+    target = TargetModel(tiny_model("llama", seed=0))
+    decoder = SpeculativeDecoder(target, Bad(Bad.Config(), target))
+    with pytest.raises(PluginError, match="Proposer 'inline-bad'"):
+        decoder.generate_ids([1, 2], max_new_tokens=4)
