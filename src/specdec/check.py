@@ -1,12 +1,13 @@
 """The lossless regression check: speculative greedy output == plain greedy output, token for token.
 
 `check_lossless(decoder, prompts)` decodes every prompt twice on the same target model, once with plain
-(autoregressive) decoding and once with `decoder`'s proposer, and compares the generated ids. In float32 and
-float64 any difference is a failure. In bfloat16/float16 a k-token verification forward may round differently
-from a 1-token forward, so a divergence passes only when it is a *certified near-tie* (DESIGN.md, "Lossless
-means"): at the first divergent position, a full forward of a float32 copy of the target over the common prefix
-gives logits whose gap between the two competing tokens, |logit[plain] - logit[speculative]|, is below
-`epsilon` (default DEFAULT_EPSILON = 0.05). Nothing else is ever tolerated.
+(autoregressive) decoding and once with `decoder`'s proposer, and compares the generated ids. In float32
+and float64 any difference is a failure. In bfloat16/float16 a k-token verification forward may round
+differently from a 1-token forward, so a divergence passes only when it is a *certified near-tie*
+(DESIGN.md, "Lossless means"): at the first divergent position, a full forward of a float32 copy of the
+target over the common prefix gives logits whose gap between the two competing tokens,
+|logit[plain] - logit[speculative]|, is below `epsilon` (default DEFAULT_EPSILON = 0.05). Nothing else is
+ever tolerated.
 
 The pieces are shared with `specdec bench`: prompt files (JSONL), multi-turn conversations (each decoder
 answers turn 2 after its own answer to turn 1), and the divergence judge.
@@ -72,11 +73,12 @@ def as_prompt(item: Prompt | str | Sequence[int], index: int) -> Prompt:
 def read_prompts_jsonl(path: str | Path, prefer_dflash: bool = True) -> list[Prompt]:
     """Prompts from a JSONL file: one object a line with `turns` (list of user turns) or `prompt` (a string).
 
-    `turns_dflash` (the DFlash paper's wording, see ../shared/datasets/README.md) replaces `turns` when present
-    and `prefer_dflash` is true. Every line is validated; a bad one raises SpecdecError naming file and line.
+    `turns_dflash` (the DFlash paper's wording, see ../shared/datasets/README.md) replaces `turns` when
+    present and `prefer_dflash` is true. Every line is validated; a bad one raises SpecdecError naming the
+    file and line.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():
         raise SpecdecError(f"Prompt file {path} does not exist; check the path.")
     prompts: list[Prompt] = []
     with path.open(encoding="utf-8") as handle:
@@ -87,10 +89,11 @@ def read_prompts_jsonl(path: str | Path, prefer_dflash: bool = True) -> list[Pro
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise SpecdecError(f"{where} is not valid JSON ({exc.msg}); fix or remove that line.") from None
+                raise SpecdecError(f"{where} is not valid JSON ({exc.msg}); fix or remove that line.") \
+                    from None
             if not isinstance(record, dict):
-                raise SpecdecError(f"{where} is a JSON {type(record).__name__}, not an object with `turns` or "
-                                   "`prompt`; write one object per line.")
+                raise SpecdecError(f"{where} is a JSON {type(record).__name__}, not an object with `turns` "
+                                   "or `prompt`; write one object per line.")
             turns = record.get("turns_dflash") if prefer_dflash else None
             if turns is None:
                 turns = record.get("turns")
@@ -111,9 +114,11 @@ def read_prompts_jsonl(path: str | Path, prefer_dflash: bool = True) -> list[Pro
 def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """A chat -> input ids, the generation prompt added; without a chat template the turns are joined."""
     if tokenizer is None:
-        raise SpecdecError("Text prompts need a tokenizer; load the target with its tokenizer or pass token ids.")
+        raise SpecdecError("Text prompts need a tokenizer; load the target with its tokenizer or pass token "
+                           "ids.")
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            return_dict=False)
         if isinstance(ids, Mapping):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
@@ -136,7 +141,7 @@ GenerateFn = Callable[[list[int]], TurnResult]
 
 
 def run_prompt(generate: GenerateFn, tokenizer: Any, prompt: Prompt) -> list[TurnResult]:
-    """Every turn of `prompt`; turn n+1 is asked after this decoder's own answer to turn n (MT-Bench style)."""
+    """Every turn of `prompt`; turn n+1 follows this decoder's own answer to turn n (MT-Bench style)."""
     if prompt.ids is not None:
         return [generate(list(prompt.ids))]
     messages: list[dict[str, str]] = []
@@ -145,7 +150,8 @@ def run_prompt(generate: GenerateFn, tokenizer: Any, prompt: Prompt) -> list[Tur
         messages.append({"role": "user", "content": turn})
         result = generate(encode_messages(tokenizer, messages))
         results.append(result)
-        messages.append({"role": "assistant", "content": tokenizer.decode(result.token_ids, skip_special_tokens=True)})
+        answer = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": answer})
     return results
 
 
@@ -307,7 +313,8 @@ class CheckReport:
         what = (f"plain decoding gave {_token(d.expected, tokenizer)}, {self.proposer} gave "
                 f"{_token(d.got, tokenizer)}; float32 logit gap {d.gap:.4g}")
         if d.certified:
-            return f"tie   {head}: {where}: {what} < epsilon {self.epsilon} (certified {self.dtype} near-tie)."
+            return (f"tie   {head}: {where}: {what} < epsilon {self.epsilon} (certified {self.dtype} "
+                    "near-tie).")
         rule = ("any divergence fails in " + self.dtype) if self.dtype in ("float32", "float64") else \
             f"not below epsilon {self.epsilon}"
         return f"FAIL  {head}: {where}: {what} ({rule})."
@@ -335,13 +342,14 @@ def check_lossless(
     max_new_tokens: int = 64,
     epsilon: float = DEFAULT_EPSILON,
     reference: Any = None,
-    on_result: Callable[[PromptCheck], None] | None = None,
+    on_result: Callable[[CheckReport, PromptCheck], None] | None = None,
 ) -> CheckReport:
     """Greedy-decode every prompt with `decoder` (a SpeculativeDecoder) and with plain decoding; compare.
 
     prompts: strings (one user turn, chat template applied), lists of token ids (fed as they are) or
     `Prompt`s (multi-turn); None = DEFAULT_PROMPTS. reference: the plain decoder (default: the autoregressive
-    proposer on the same transformers model object). Returns a CheckReport; `report.passed` is the verdict.
+    proposer on the same transformers model object). on_result(report, result) is called after each prompt.
+    Returns a CheckReport; `report.passed` is the verdict.
     """
     from .api import SpeculativeDecoder
 
@@ -366,5 +374,5 @@ def check_lossless(
                              divergence=judge.compare(expected, got))
         report.results.append(result)
         if on_result is not None:
-            on_result(result)
+            on_result(report, result)
     return report

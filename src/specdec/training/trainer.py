@@ -48,13 +48,17 @@ class TrainSettings:
     max_minutes: float | None = None
 
 
-def lr_at(step: int, settings: TrainSettings) -> float:
-    warmup = max(1, int(settings.warmup_ratio * settings.steps))
-    if step < warmup:
-        return settings.lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, settings.steps - warmup))
+def lr_at(step: int, settings: TrainSettings, elapsed_seconds: float = 0.0) -> float:
+    """Linear warmup then cosine decay. With a time budget (`max_minutes`) the schedule runs over whichever
+    ends first, the steps or the time, so a run cut short by its budget still ends at the low learning rate."""
+    progress = step / settings.steps
+    if settings.max_minutes:
+        progress = max(progress, elapsed_seconds / (60 * settings.max_minutes))
+    if progress < settings.warmup_ratio:
+        return settings.lr * max(progress, 1 / settings.steps) / settings.warmup_ratio
+    decay = min(1.0, (progress - settings.warmup_ratio) / max(1e-9, 1 - settings.warmup_ratio))
     floor = settings.min_lr_ratio
-    return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * decay)))
 
 
 def _held_out(sequence_id: str, fraction: float) -> bool:
@@ -70,6 +74,8 @@ def split_sequences(data: DataDir, fraction: float, max_length: int):
     for sequence_id, (tokens, mask) in zip(ids, data.sequences(), strict=True):
         tokens, mask = tokens[:max_length], mask[:max_length]
         (held if _held_out(sequence_id, fraction) else train).append((tokens, mask))
+    if not held and fraction > 0 and len(train) > 1:
+        held.append(train.pop())  # tiny data sets: still evaluate on one unseen sequence
     return train, held
 
 
@@ -168,7 +174,8 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
         rank, world = dist.get_rank(), dist.get_world_size()
     params = [p for p in objective.module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
-    state: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "history": [], "settings": asdict(settings),
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "elapsed": 0.0, "history": [],
+                             "settings": asdict(settings),
                              "proposer": proposer_name, "data_dir": str(data_dir), **(extra_state or {})}
     if resume:
         state_file = run / "trainer_state.json"
@@ -176,7 +183,7 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
             raise SpecdecError(f"Nothing to resume in {run} (no trainer_state.json); drop --resume to start afresh.")
         saved = json.loads(state_file.read_text())
         _load_state_tensors(objective.module, optimizer, load_file(run / "trainer_state.safetensors"))
-        state.update({k: saved[k] for k in ("step", "epoch", "position", "history")})
+        state.update({k: saved[k] for k in ("step", "epoch", "position", "elapsed", "history")})
     elif (run / "trainer_state.json").exists():
         raise SpecdecError(f"{run} already holds a training run; pass --resume to continue it or choose another --out.")
 
@@ -187,6 +194,7 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
                     held_out[: settings.eval_prompts]]
     generator = torch.Generator().manual_seed(settings.seed + 7919 * state["epoch"] + rank)
     started = time.perf_counter()
+    elapsed_before = state["elapsed"]
     window: list[dict[str, float]] = []
     tokens_seen = 0
 
@@ -203,14 +211,17 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
     with Progress(*columns, disable=not progress or rank != 0) as bar:
         task = bar.add_task("train", total=settings.steps, completed=state["step"], info="")
         while state["step"] < settings.steps:
+            state["elapsed"] = elapsed_before + time.perf_counter() - started
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(state["step"], settings)
+                group["lr"] = lr_at(state["step"], settings, state["elapsed"])
             optimizer.zero_grad(set_to_none=True)
             metrics: list[dict[str, float]] = []
             for _ in range(settings.sequences_per_step):
                 if state["position"] >= len(order):
                     state["epoch"] += 1
                     state["position"] = 0
+                    # data generated meanwhile (a concurrent `specdec data generate`) joins at epoch boundaries
+                    train_set, held_out = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
                     order = epoch_order(state["epoch"])
                 tokens, mask = train_set[order[state["position"]]]
                 state["position"] += 1
@@ -236,11 +247,12 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
             if state["history"] and "acceptance" in state["history"][-1]:
                 info_text += f" τ {state['history'][-1]['acceptance']:.2f}"
             bar.update(task, completed=state["step"], info=info_text)
-            out_of_time = settings.max_minutes is not None and (time.perf_counter() - started) > 60 * settings.max_minutes
+            state["elapsed"] = elapsed_before + time.perf_counter() - started
+            out_of_time = settings.max_minutes is not None and state["elapsed"] > 60 * settings.max_minutes
             done = state["step"] >= settings.steps or out_of_time
             if rank == 0 and (state["step"] % settings.save_every == 0 or done):
                 record = {"step": state["step"], "epoch": state["epoch"], **avg, "tokens_per_second": rate,
-                          "elapsed_seconds": time.perf_counter() - started}
+                          "elapsed_seconds": state["elapsed"], "lr": summary["lr"]}
                 if done or (settings.eval_every and state["step"] % settings.eval_every == 0):
                     record["acceptance"] = evaluate_acceptance(objective, proposer_name, eval_prompts,
                                                                settings.eval_max_new_tokens)

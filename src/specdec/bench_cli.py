@@ -1,0 +1,165 @@
+"""`specdec bench` and `specdec check` (loaded by specdec.cli._load_subcommands)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import Any
+
+import click
+
+from .check import DEFAULT_EPSILON
+from .cli import parse_options, register_command, user_errors
+from .errors import PluginError
+
+DTYPE_CHOICES = click.Choice(["auto", "float32", "bfloat16", "float16"])
+MODEL_HELP = "Target model folder, .gguf or hub id (default: the embedded SmolLM2-135M-Instruct)."
+
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+
+
+@click.command()
+@click.option("--dataset", "-d", required=True, help="A dataset name (gsm8k, humaneval, mbpp, mt_bench, ...: "
+              "NAME.jsonl in --data-dir, $SPECDEC_DATA_DIR or ../shared/datasets) or a JSONL path.")
+@click.option("--proposers", "-p", default=None, help="Comma-separated proposers; autoregressive always runs "
+              "(the reference). Default: autoregressive, ngram and dflash where it needs no options.")
+@click.option("--baselines", default="hf-greedy", show_default=True,
+              help="Comma-separated transformers baselines: hf-greedy, hf-pld, hf-assisted (or none).")
+@click.option("--limit", "-l", default=None, type=int, help="Only the first N prompts.")
+@click.option("--max-new-tokens", "-n", default=256, show_default=True, type=int)
+@click.option("--temperature", "-t", default=0.0, show_default=True, type=float,
+              help="0 = greedy (exact match is checked); >0 samples (no exact match).")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Base seed when sampling (seed + prompt index).")
+@click.option("--dtype", default="auto", show_default=True, type=DTYPE_CHOICES)
+@click.option("--device", default=None, help="cpu, cuda, cuda:1 ... Default: cuda when available.")
+@click.option("--model", "-m", default=None, help=MODEL_HELP)
+@click.option("--draft", default=None, help="Draft checkpoint for every listed proposer that takes one.")
+@click.option("--draft-model", default=None, help="Assistant causal LM for the hf-assisted baseline.")
+@click.option("--opt", "opts", multiple=True, metavar="PROPOSER.KEY=VALUE",
+              help="Proposer option, repeatable, e.g. --opt ngram.num_tokens=8.")
+@click.option("--data-dir", default=None, help="Folder of NAME.jsonl datasets (searched first).")
+@click.option("--out", "-o", default=None, help="Output folder (default: specdec-bench/DATASET-TIMESTAMP).")
+@click.option("--epsilon", default=DEFAULT_EPSILON, show_default=True, type=float,
+              help="Near-tie threshold on the float32 logit gap for bf16/fp16 divergences.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@user_errors
+def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None, max_new_tokens: int,
+          temperature: float, seed: int, dtype: str, device: str | None, model: str | None, draft: str | None,
+          draft_model: str | None, opts: tuple[str, ...], data_dir: str | None, out: str | None,
+          epsilon: float, no_progress: bool) -> None:
+    """Benchmark proposers (and transformers baselines) on a dataset: acceptance, speed, exact match.
+
+    Writes results.json, results.md and PNG plots to --out. Ctrl-C writes what has finished.
+    """
+    from .bench import plan_bench, run_bench, write_results
+
+    if proposers is None:
+        proposers = ",".join(_default_proposers(model))
+    plan = plan_bench(dataset, proposers, baselines=baselines, limit=limit, max_new_tokens=max_new_tokens,
+                      temperature=temperature, seed=seed, dtype=dtype, device=device, model=model,
+                      draft=draft, draft_model=draft_model, data_dir=data_dir, out=out, options=opts,
+                      epsilon=epsilon, command=shlex.join(["specdec", *sys.argv[1:]]))
+    _quiet_transformers()
+    click.echo(f"bench: {len(plan.prompts)} prompts from {plan.dataset_path}; runners: "
+               f"{', '.join(plan.runner_names)}", err=True)
+    results = run_bench(plan, show_progress=not no_progress)
+    paths = write_results(results, plan.out)
+    for name, r in results["proposers"].items():
+        tau = r["mean_acceptance_length"]
+        tau = "" if tau is None else f", mean acceptance length {tau:.2f}"
+        speedup = r["speedup"]["vs_autoregressive"]
+        ratio = f", {speedup['median']:.2f}x vs autoregressive" if speedup else ""
+        match = "" if r["exact_match_rate"] is None else f", exact match {100 * r['exact_match_rate']:.0f}%"
+        click.echo(f"[{name}] {r['tokens_per_second']['median']:.1f} tok/s{ratio}{tau}{match}", err=True)
+    click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+    if results["meta"]["interrupted"]:
+        done = results["meta"]["dataset"]["num_prompts"]
+        click.echo(f"interrupted: results cover the {done} prompts every runner finished.", err=True)
+        sys.exit(130)
+
+
+def _default_proposers(model: str | None) -> list[str]:
+    from .api import DEFAULT_PROPOSER_ORDER
+    from .plugins import get_registry
+
+    registry = get_registry()
+    names = ["autoregressive", "ngram"]
+    for name in DEFAULT_PROPOSER_ORDER:
+        cls = registry.proposers.get(name)
+        if cls is not None and name not in names and cls.default_for(model):
+            names.append(name)
+    return names
+
+
+@click.command()
+@click.option("--proposer", "-p", required=True,
+              help="The proposer to check (any registered one, third-party too).")
+@click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Proposer option, repeatable.")
+@click.option("--model", "-m", default=None, help=MODEL_HELP)
+@click.option("--draft", default=None, help="Draft checkpoint for proposers that take one.")
+@click.option("--prompts", "prompts_file", default=None, metavar="FILE",
+              help="JSONL, one object a line with `prompt` (a string) or `turns` (user turns). Default: 5 "
+              "built-in prompts.")
+@click.option("--max-new-tokens", "-n", default=64, show_default=True, type=int)
+@click.option("--dtype", default="float32", show_default=True, type=DTYPE_CHOICES,
+              help="float32 demands exact equality; bfloat16/float16 allow certified near-ties only.")
+@click.option("--device", default=None, help="cpu, cuda, cuda:1 ... Default: cuda when available.")
+@click.option("--epsilon", default=DEFAULT_EPSILON, show_default=True, type=float,
+              help="Near-tie threshold on the float32 logit gap (bfloat16/float16 only).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@user_errors
+def check(proposer: str, opts: tuple[str, ...], model: str | None, draft: str | None,
+          prompts_file: str | None, max_new_tokens: int, dtype: str, device: str | None, epsilon: float,
+          as_json: bool) -> None:
+    """Check that PROPOSER is lossless: its greedy output equals plain greedy decoding, token for token.
+
+    Exit 0 when every prompt matches (in bf16/fp16: or diverges only at a certified near-tie), 1 otherwise.
+    """
+    from .api import SpeculativeDecoder, build_proposer_config
+    from .check import check_lossless, read_prompts_jsonl
+    from .errors import SpecdecError
+
+    options: dict[str, Any] = parse_options(opts)
+    if draft is not None:
+        options["draft"] = draft
+    build_proposer_config(proposer, options)  # validate before loading anything
+    if max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    if not epsilon > 0:
+        raise SpecdecError(f"--epsilon must be positive, got {epsilon}.")
+    prompts = read_prompts_jsonl(prompts_file, prefer_dflash=False) if prompts_file else None
+    _quiet_transformers()
+    decoder = SpeculativeDecoder.from_pretrained(model, proposer=proposer, dtype=dtype, device=device,
+                                                 **options)
+    tokenizer = decoder.target.tokenizer
+    on_result = None if as_json else (lambda report, result: click.echo(report.describe(result, tokenizer)))
+    try:
+        report = check_lossless(decoder, prompts, max_new_tokens=max_new_tokens, epsilon=epsilon,
+                                on_result=on_result)
+    except PluginError as exc:  # the plugin broke a contract mid-generation: the check fails
+        click.echo(f"FAIL  proposer {proposer!r} broke a contract: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+    failures = report.failures
+    certified = sum(r.status == "near_tie" for r in report.results)
+    ties = f", {certified} certified near-ties" if certified else ""
+    summary = (f"{proposer}: {len(report.results) - len(failures)}/{len(report.results)} prompts lossless "
+               f"({report.dtype}, {max_new_tokens} new tokens, mean acceptance length "
+               f"{report.mean_acceptance_length:.2f}{ties})")
+    if failures:
+        first = report.describe(failures[0], tokenizer).removeprefix("FAIL  ")
+        click.echo(f"{summary}. NOT LOSSLESS: {first}", err=True)
+        sys.exit(1)
+    click.echo(f"{summary}.", err=True)
+
+
+register_command(bench)
+register_command(check)
