@@ -266,8 +266,8 @@ def _rejection_emit_kernel(
 
 def _split_plan(rows: int, vocab: int, device: torch.device, block_v: int | None, num_splits: int | None):
     """(BLOCK_V, slice length, number of slices): enough programs to fill the GPU when rows are few."""
-    if block_v is None:
-        block_v = min(1024, triton.next_power_of_2(vocab))
+    if block_v is None:  # at least 16 lanes: tiny vocabularies share one compiled variant
+        block_v = min(1024, max(16, triton.next_power_of_2(vocab)))
     if block_v < 1 or block_v & (block_v - 1):
         raise ValueError(f"block_v must be a power of two, got {block_v}")
     chunks = triton.cdiv(vocab, block_v)

@@ -120,3 +120,19 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     last = state["history"][-1] if state["history"] else {}
     click.echo(f"{run}/draft: step {state['step']}, loss {last.get('loss', float('nan')):.3f}, "
                f"mean acceptance length {last.get('acceptance', float('nan')):.2f}")
+
+
+@main.command()
+@click.option("--draft", required=True, help="Draft checkpoint folder (e.g. RUN/draft).")
+@click.option("--format", "fmt", required=True, type=click.Choice(["zlab", "speculators"]))
+@click.option("--out", required=True, help="Folder to write.")
+@click.option("--verifier", default=None, help="Target name or path recorded in the speculators config.")
+@user_errors
+def export(draft, fmt, out, verifier) -> None:
+    """Export a DFlash draft so vLLM and SGLang can serve it (`method: dflash`)."""
+    try:
+        from specdec_dflash.export import export_draft
+    except ImportError as exc:  # the plugin ships with specdec, but may be uninstalled
+        raise SpecdecError("Exporting needs the specdec dflash plugin (specdec_dflash); reinstall specdec.") from exc
+    folder = export_draft(draft, out, fmt, verifier=verifier)
+    click.echo(f"wrote {fmt} draft to {folder}")
