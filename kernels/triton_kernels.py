@@ -16,12 +16,15 @@ inputs are widened exactly (bf16/fp16 -> fp32 -> fp64) and fp64 mul/sub/div are 
 the GPU and the interpreter, so the same draws give bit-identical results. A draft token outside ``[0, V)`` is
 undefined behaviour here (the reference raises); the kernels do not check to avoid a host sync.
 
-Seam for a tree variant (not built): the vocabulary-side work is position-agnostic. `_argmax_partials_kernel`
-takes any set of ``[rows, V]`` logits rows (a tree's nodes are just more rows per batch element), and
-`_race_partials` takes "which target row, which draft row to subtract" as plain scalars, so a tree verifier
-only needs its own acceptance walk: replace `_chain_prefix_len` (greedy: longest run of matches along the
-chain) / `_chain_accept_count` (rejection: sequential u*q < p tests) with a walk over parent pointers that
-returns the accepted node, and `_emit_row` with a writer of the accepted path.
+Seam for a tree variant (not built). The vocabulary-side work does not know about chains:
+`_argmax_partials_kernel` reduces any set of ``[rows, V]`` logits rows (a tree's nodes are just more rows per
+batch element), `_race_weights` takes "which target row, which draft row to subtract (or none)" as plain
+pointers / scalars, and `_argmax_update` / `_argmax_reduce` / the two-level slice combine are shared. The chain
+lives only in `_chain_prefix_len` (greedy: first mismatch among the k positions), `_chain_accept_count`
+(rejection: leading run of u*q < p accepts, via the same prefix rule) and `_emit_row` (accepted prefix, then
+the final token). A tree verifier would swap those three for a walk over parent pointers that returns the
+accepted node and writes its root-to-node path, and pass the accepted node (not the depth n) as the race
+position. (Multi-child rejection as in SpecInfer would also update the residual per rejected sibling.)
 """
 
 from __future__ import annotations
@@ -391,6 +394,7 @@ def rejection_sample_triton(
         part_val, part_idx,
         k, vocab, split, n_splits,
         HAS_Q=has_q, BLOCK_V=block, BLOCK_P=block_p, num_warps=8 if block >= 2048 else 4,
+        enable_fp_fusion=False,  # no contraction into FMAs: the float64 math must round like torch's
     )
     _rejection_emit_kernel[(batch,)](
         part_val, part_idx,

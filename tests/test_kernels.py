@@ -38,7 +38,7 @@ needs_triton = pytest.mark.skipif(tk is None, reason="triton is not installed")
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning",
                                         "ignore:invalid value encountered:RuntimeWarning")
 # scripts/gpu_kernels.py lowers the count on CUDA, where each new shape class compiles a kernel variant.
-FAST = settings(max_examples=int(os.environ.get("SPECDEC_KERNEL_TEST_EXAMPLES", "60")), deadline=None,
+FAST = settings(max_examples=int(os.environ.get("SPECDEC_KERNEL_TEST_EXAMPLES", "100")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 BLOCKS = st.sampled_from([None, 16, 32, 64])  # small blocks: many chunks and slices even at V ~ 300

