@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -30,6 +31,9 @@ class DFlashProposer(Proposer):
     class Config(ProposerConfig):
         draft: str | None = Field(None, description="DFlash checkpoint folder (default: the shipped SmolLM2 draft)")
         block_size: int | None = Field(None, ge=2, description="block size, at most the trained one")
+        drafting: Literal["sample", "greedy"] = Field(
+            "sample", description="at temperature > 0: sample drafts from the draft's own distribution and pass it "
+            "to the verifier (sample), or draft argmax tokens as point masses, as z-lab's reference does (greedy)")
 
     @classmethod
     def default_for(cls, model: str | None) -> bool:
@@ -91,8 +95,8 @@ class DFlashProposer(Proposer):
         self._pending = None
         logits = self.target.lm_head(hidden[:, 1: 1 + k])  # [B, k, V]
         sampling = state.sampling
-        if sampling is None or sampling.greedy:
-            return Draft(tokens=logits.argmax(dim=-1))
+        if sampling is None or sampling.greedy or self.config.drafting == "greedy":
+            return Draft(tokens=logits.argmax(dim=-1))  # a point mass: the verifier needs no draft probs
         probs = logits_to_probs(logits, sampling)
         tokens = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=state.generator)
         return Draft(tokens=tokens.view(probs.shape[0], k), probs=probs)
