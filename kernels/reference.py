@@ -78,4 +78,7 @@ def draw_randoms(
     """The float64 uniforms [B, k] and Exp(1) draws [B, V] one rejection-sampling step consumes."""
     uniforms = torch.rand(batch, k, dtype=torch.float64, device=device, generator=generator)
     exponentials = torch.empty(batch, vocab, dtype=torch.float64, device=device).exponential_(generator=generator)
+    # E = 0 would make 0/0 = NaN win the race for a zero-probability token; the smallest normal double keeps
+    # every zero weight at exactly zero and changes nothing else.
+    exponentials.clamp_min_(torch.finfo(torch.float64).tiny)
     return uniforms, exponentials

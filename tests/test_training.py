@@ -93,7 +93,7 @@ def tiny_setup(tmp_path_factory):
     tokenizer = tiny_tokenizer()
     gen = torch.Generator().manual_seed(0)
     sequences = []
-    for i in range(12):  # a learnable pattern: counting up from a random start
+    for _i in range(12):  # a learnable pattern: counting up from a random start
         start = int(torch.randint(10, 60, (1,), generator=gen))
         prompt = [2, start, 3]
         response = [start + j for j in range(1, 20)]

@@ -1,0 +1,60 @@
+"""Time one DFlash draft step against one target verification step (block 16) on the embedded target.
+
+    python scripts/measure_dflash_step.py [--draft PATH] [--dtype bfloat16|float32] [--repeats 30]
+
+Both are timed in the same process, interleaved, after a warm-up; medians are reported, with the draft's
+KV-cache bytes per context token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specdec import SpeculativeDecoder
+from specdec.contracts import DecodeState, Verdict
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--draft", default=None)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--context", type=int, default=256, help="committed tokens before the timed step")
+    args = parser.parse_args()
+    options = {"draft": args.draft} if args.draft else {}
+    decoder = SpeculativeDecoder.from_pretrained(proposer="dflash", dtype=args.dtype, **options)
+    target, proposer = decoder.target, decoder.proposer
+    block = proposer.block_size
+    tokens = torch.randint(100, 40000, (1, args.context), generator=torch.Generator().manual_seed(0))
+    draft_times, verify_times = [], []
+    proposer.reset()
+    out = target.prefill(tokens[:, :-1])
+    proposer.prefill(DecodeState(tokens=tokens, max_draft_tokens=0, prompt_length=args.context - 1), out)
+    for i in range(args.repeats + 3):
+        state = DecodeState(tokens=tokens, max_draft_tokens=block - 1, prompt_length=args.context - 1)
+        t0 = time.perf_counter()
+        draft = proposer.propose(state)
+        t1 = time.perf_counter()
+        out = target.forward(torch.cat([tokens[:, -1:], draft.tokens], dim=1))
+        t2 = time.perf_counter()
+        if i >= 3:  # warm-up
+            draft_times.append(t1 - t0)
+            verify_times.append(t2 - t1)
+        # steady state: pretend the whole block was accepted, so every step adds block_size context tokens
+        k = draft.num_tokens
+        bonus = out.logits[:, -1:].argmax(-1)
+        tokens = torch.cat([tokens, draft.tokens, bonus], dim=1)
+        verdict = Verdict(num_accepted=torch.tensor([k]), emitted=torch.cat([draft.tokens, bonus], dim=1))
+        proposer.observe(DecodeState(tokens=tokens, max_draft_tokens=0, prompt_length=args.context - 1), verdict, out)
+    cache = proposer.cache
+    per_token = cache.nbytes() / max(1, cache.length())
+    d, v = statistics.median(draft_times) * 1e3, statistics.median(verify_times) * 1e3
+    print(f"| {args.dtype} | {block} | {d:.1f} ms | {v:.1f} ms | {d / v:.2f} | {per_token:.0f} B |")
+
+
+if __name__ == "__main__":
+    main()
