@@ -21,7 +21,7 @@ def greedy_verify_torch(target_logits: torch.Tensor, draft_tokens: torch.Tensor)
     ties); the emitted row ends with the target's argmax after that prefix.
     """
     k = draft_tokens.shape[1]
-    argmax = target_logits.argmax(dim=-1)
+    argmax = target_logits.max(dim=-1).indices  # argmax semantics, several times faster on bf16 CPU tensors
     matches = (draft_tokens == argmax[:, :k]).to(torch.int64)
     num_accepted = matches.cumprod(dim=1).sum(dim=1)
     final = argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)

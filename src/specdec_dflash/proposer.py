@@ -96,7 +96,9 @@ class DFlashProposer(Proposer):
         logits = self.target.lm_head(hidden[:, 1: 1 + k])  # [B, k, V]
         sampling = state.sampling
         if sampling is None or sampling.greedy or self.config.drafting == "greedy":
-            return Draft(tokens=logits.argmax(dim=-1))  # a point mass: the verifier needs no draft probs
+            # a point mass: the verifier needs no draft probs. max(...).indices is argmax (first index on ties)
+            # and several times faster than argmax on bf16 CPU tensors.
+            return Draft(tokens=logits.max(dim=-1).indices)
         probs = logits_to_probs(logits, sampling)
         tokens = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=state.generator)
         return Draft(tokens=tokens.view(probs.shape[0], k), probs=probs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import torch
 from pydantic import Field, model_validator
@@ -9,8 +11,10 @@ from pydantic import Field, model_validator
 from ..contracts import DecodeState, Draft, Proposer, ProposerConfig
 
 
-def find_continuation(tokens: np.ndarray, min_n: int, max_n: int, num_tokens: int) -> np.ndarray:
-    """Tokens following the most recent earlier match of the longest suffix n-gram (max_n down to min_n)."""
+def find_continuation(tokens: np.ndarray, min_n: int, max_n: int, num_tokens: int,
+                      latest: bool = True) -> np.ndarray:
+    """Tokens following an earlier match of the longest suffix n-gram (max_n down to min_n): the most recent
+    match (latest=True) or the first one, as transformers' prompt lookup does (latest=False)."""
     length = tokens.shape[0]
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = tokens[length - n:]
@@ -18,7 +22,7 @@ def find_continuation(tokens: np.ndarray, min_n: int, max_n: int, num_tokens: in
         windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
+            start = int(hits[-1] if latest else hits[0]) + n
             return tokens[start: start + num_tokens]
     return tokens[:0]
 
@@ -31,6 +35,7 @@ class NgramProposer(Proposer):
         num_tokens: int = Field(10, ge=1, description="most tokens proposed per step")
         min_n: int = Field(1, ge=1, description="shortest suffix n-gram to match")
         max_n: int = Field(3, ge=1, description="longest suffix n-gram to match")
+        prefer: Literal["latest", "earliest"] = Field("latest", description="which earlier match to copy from")
 
         @model_validator(mode="after")
         def _ordered(self):
@@ -42,7 +47,8 @@ class NgramProposer(Proposer):
         limit = min(self.config.num_tokens, state.max_draft_tokens)
         rows = []
         for row in state.tokens.cpu().numpy():
-            rows.append(find_continuation(row, self.config.min_n, self.config.max_n, limit))
+            rows.append(find_continuation(row, self.config.min_n, self.config.max_n, limit,
+                                          latest=self.config.prefer == "latest"))
         width = min(len(r) for r in rows)  # one k for the batch: trim to the shortest row
         tokens = torch.from_numpy(np.stack([r[:width] for r in rows])).to(state.tokens.device)
         return Draft(tokens=tokens)
