@@ -16,7 +16,6 @@ answers turn 2 after its own answer to turn 1), and the divergence judge.
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import torch
 
 from .engine import GenerationStats
 from .errors import SpecdecError
+from .jsonl import read_jsonl
 
 #: a divergence in bfloat16/float16 is certified when the float32 logit gap of the two tokens is below this.
 #: 0.25 is two bfloat16 rounding steps for logits of magnitude 16-32 (bf16 spacing there is 2**-3), where an
@@ -82,34 +82,20 @@ def read_prompts_jsonl(path: str | Path, prefer_dflash: bool = True) -> list[Pro
     file and line.
     """
     path = Path(path)
-    if not path.exists() or path.is_dir():
-        raise SpecdecError(f"Prompt file {path} does not exist; check the path.")
     prompts: list[Prompt] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecdecError(f"{where} is not valid JSON ({exc.msg}); fix or remove that line.") \
-                    from None
-            if not isinstance(record, dict):
-                raise SpecdecError(f"{where} is a JSON {type(record).__name__}, not an object with `turns` "
-                                   "or `prompt`; write one object per line.")
-            turns = record.get("turns_dflash") if prefer_dflash else None
-            if turns is None:
-                turns = record.get("turns")
-            if turns is None and "prompt" in record:
-                turns = [record["prompt"]]
-            if turns is None:
-                raise SpecdecError(f"{where} has neither `turns` nor `prompt`; give the user turns as "
-                                   '"turns": ["..."].')
-            if (not isinstance(turns, list) or not turns
-                    or not all(isinstance(t, str) and t.strip() for t in turns)):
-                raise SpecdecError(f"{where}: `turns` must be a non-empty list of non-empty strings.")
-            prompts.append(Prompt(id=str(record.get("id", number)), turns=list(turns)))
+    for where, record in read_jsonl(path, "Prompt file"):
+        turns = record.get("turns_dflash") if prefer_dflash else None
+        if turns is None:
+            turns = record.get("turns")
+        if turns is None and "prompt" in record:
+            turns = [record["prompt"]]
+        if turns is None:
+            raise SpecdecError(f"{where} has neither `turns` nor `prompt`; give the user turns as "
+                               '"turns": ["..."].')
+        if (not isinstance(turns, list) or not turns
+                or not all(isinstance(t, str) and t.strip() for t in turns)):
+            raise SpecdecError(f"{where}: `turns` must be a non-empty list of non-empty strings.")
+        prompts.append(Prompt(id=str(record.get("id", where.rpartition(" ")[2])), turns=list(turns)))
     if not prompts:
         raise SpecdecError(f"Prompt file {path} holds no prompts; write one JSON object per line.")
     return prompts

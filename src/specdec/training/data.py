@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import SpecdecError
+from ..jsonl import read_jsonl
 
 FORMAT_VERSION = 1
 
@@ -38,26 +39,14 @@ class PromptRecord:
 def read_prompts(path: str | os.PathLike) -> list[PromptRecord]:
     """JSONL with a `prompt` field, or the `turns` form of the evaluation sets (first turn used)."""
     file = Path(path)
-    if not file.is_file():
-        raise SpecdecError(f"Prompts file {file} does not exist; give a JSONL file with a `prompt` or `turns` field.")
     records = []
-    with file.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecdecError(f"{file} line {number} is not valid JSON ({exc.msg}); fix or remove that line.") \
-                    from None
-            if not isinstance(row, dict):
-                raise SpecdecError(f"{file} line {number} is not a JSON object; each line needs a `prompt` field.")
-            text = row.get("prompt")
-            if text is None and isinstance(row.get("turns"), list) and row["turns"]:
-                text = row["turns"][0]
-            if not isinstance(text, str) or not text.strip():
-                raise SpecdecError(f"{file} line {number} has no non-empty `prompt` (or `turns`) field; fix that line.")
-            records.append(PromptRecord(id=f"{file.stem}:{row.get('id', number)}", text=text))
+    for where, row in read_jsonl(file, "Prompts file"):
+        text = row.get("prompt")
+        if text is None and isinstance(row.get("turns"), list) and row["turns"]:
+            text = row["turns"][0]
+        if not isinstance(text, str) or not text.strip():
+            raise SpecdecError(f"{where} has no non-empty `prompt` (or `turns`) field; fix that line.")
+        records.append(PromptRecord(id=f"{file.stem}:{row.get('id', where.rpartition(' ')[2])}", text=text))
     return records
 
 
