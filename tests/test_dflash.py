@@ -68,9 +68,12 @@ def reference_draft(weights, cfg, target, committed, k):
         context = rms(raw @ weights["fc.weight"].T, weights["hidden_norm.weight"], eps)
         block_size = cfg["block_size"]
         c = len(committed)
+        ctx_pos = torch.arange(c - 1)
+        window = cfg.get("sliding_window")
+        if window:  # the draft sees only the last `window` context positions
+            context, ctx_pos = context[-window:], ctx_pos[-window:]
         ids = torch.tensor([committed[-1]] + [dflash["mask_token_id"]] * (block_size - 1))
         x = target.get_input_embeddings()(ids)
-        ctx_pos = torch.arange(c - 1)
         blk_pos = torch.arange(c - 1, c - 1 + block_size)
         heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
         for layer in range(cfg["num_hidden_layers"]):
@@ -97,9 +100,11 @@ def reference_draft(weights, cfg, target, committed, k):
         return logits.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("layers,block,taps", [(1, 4, [1]), (2, 6, [0, 2]), (3, 3, [2, 1, 0])])
-def test_cached_proposer_matches_full_recompute(tmp_path, target, layers, block, taps):
-    folder = write_draft(tmp_path, seed=layers, num_hidden_layers=layers, block_size=block, target_layer_ids=taps)
+@pytest.mark.parametrize("layers,block,taps,window", [(1, 4, [1], None), (2, 6, [0, 2], None),
+                                                      (3, 3, [2, 1, 0], None), (2, 5, [1, 2], 6)])
+def test_cached_proposer_matches_full_recompute(tmp_path, target, layers, block, taps, window):
+    folder = write_draft(tmp_path, seed=layers, num_hidden_layers=layers, block_size=block, target_layer_ids=taps,
+                         sliding_window=window)
     weights = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
     cfg = json.loads((folder / "config.json").read_text())
     decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder))
