@@ -188,3 +188,29 @@ def test_generate_data_end_to_end_and_resume(tmp_path):
         prompt_len = int((~mask).sum())
         assert tokens[:prompt_len].tolist()[0] == 2 and 1 <= int(mask.sum()) <= 6
         assert mask[prompt_len:].all()  # the response is one run at the end
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_two_processes(tiny_setup, tmp_path):
+    """The same command under torchrun (gloo on CPU): both ranks step together, rank 0 writes the run."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root, model_dir, data_dir = tiny_setup
+    torchrun = shutil.which("torchrun")
+    assert torchrun, "torchrun ships with torch"
+    run = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "specdec", "train", "--proposer", "dflash",
+         "--model", model_dir, "--data", data_dir, "--out", str(run), "--dtype", "float32", "--opt", "num_layers=1",
+         "--opt", "block_size=4", "--opt", "num_anchors=4", "--opt", "mask_token_id=4", "--steps", "4",
+         "--save-every", "2", "--eval-prompts", "1", "--no-progress"],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    state = json.loads((run / "trainer_state.json").read_text())
+    assert state["step"] == 4 and [h["step"] for h in state["history"]] == [2, 4]
+    assert (run / "draft" / "model.safetensors").is_file()
+    assert sys.executable

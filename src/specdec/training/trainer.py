@@ -173,6 +173,9 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     params = [p for p in objective.module.parameters() if p.requires_grad]
+    if distributed:  # every rank starts from rank 0's weights
+        for p in params:
+            torch.distributed.broadcast(p.data, src=0)
     optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay)
     state: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "elapsed": 0.0, "history": [],
                              "settings": asdict(settings),
