@@ -47,7 +47,14 @@ class DFlashProposer(Proposer):
         from .checkpoint import read_config
 
         draft_config = read_config(folder)
-        check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, str(folder))
+        try:
+            check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size,
+                                 str(folder))
+        except SpecdecError:
+            if config.draft is not None:
+                raise
+            raise SpecdecError("Proposer 'dflash' needs a draft checkpoint for this target (the shipped draft is "
+                               "for the embedded SmolLM2-135M-Instruct); pass --draft PATH.") from None
         block_size = config.block_size or draft_config.block_size
         if block_size > draft_config.block_size:
             raise SpecdecError(f"block_size {block_size} is larger than the {draft_config.block_size} the draft "
