@@ -215,3 +215,26 @@ def test_block_size_option(tmp_path, target):
         [9, 10], max_new_tokens=15)
     assert out.token_ids == plain_greedy(target, [9, 10], 15)
     assert max(out.stats.acceptance_lengths) <= 3
+
+
+@pytest.mark.parametrize("fmt", ["zlab", "speculators"])
+def test_export(tmp_path, fmt):
+    from click.testing import CliRunner
+
+    from specdec.cli import main
+
+    folder = write_draft(tmp_path / "src", seed=9)
+    result = CliRunner().invoke(main, ["export", "--draft", str(folder), "--format", fmt, "--out",
+                                       str(tmp_path / "out"), "--verifier", "tiny/target"])
+    assert result.exit_code == 0, result.output
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    weights = load_file(tmp_path / "out" / "model.safetensors")
+    assert set(weights) == set(load_file(folder / "model.safetensors"))
+    if fmt == "zlab":
+        assert cfg["dflash_config"]["target_layer_ids"] == [0, 2]
+        assert load_draft(tmp_path / "out").config.block_size == 6
+    else:
+        assert cfg["speculators_model_type"] == "dflash" and cfg["aux_hidden_state_layer_ids"] == [0, 2]
+        assert cfg["block_size"] == 6 and cfg["mask_token_id"] == 5
+        assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
+        assert cfg["speculators_config"]["verifier"]["name_or_path"] == "tiny/target"
