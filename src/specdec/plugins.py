@@ -16,10 +16,11 @@ import pluggy
 from . import hookspecs
 from .contracts import KVCache, Proposer, Registry, Verifier
 from .errors import PluginError
+from .training.objective import TrainingObjective
 
 ENV_ALLOWLIST = "SPECDEC_LOAD_PLUGINS"
 BUILTIN_DISTRIBUTION = "specdec (built-in)"
-_KINDS = {"proposers": Proposer, "verifiers": Verifier, "caches": KVCache, "objectives": object}
+_KINDS = {"proposers": Proposer, "verifiers": Verifier, "caches": KVCache, "objectives": TrainingObjective}
 
 
 def _allowed_entry_points() -> set[str] | None:
@@ -77,12 +78,6 @@ def collect(pm: pluggy.PluginManager, labels: dict[str, str]) -> Registry:
                 if not (isinstance(cls, type) and issubclass(cls, _base)):
                     raise PluginError(f"{_origin} registered {cls!r} as one of the {_kind}, but it is not a "
                                       f"subclass of specdec.{_base.__name__}; subclass it.")
-                if _kind == "objectives":
-                    from .training.objective import TrainingObjective
-
-                    if not issubclass(cls, TrainingObjective):
-                        raise PluginError(f"{_origin} registered {cls!r} as a training objective, but it is not a "
-                                          "subclass of specdec.training.TrainingObjective; subclass it.")
                 name = getattr(cls, "name", "")
                 if not name:
                     raise PluginError(f"{_origin} registered {cls.__name__} without a `name`; give the class a "

@@ -13,7 +13,7 @@ from specdec.errors import SpecdecError
 from specdec.sampling import logits_to_probs
 from specdec.target import TargetModel
 
-from .checkpoint import check_against_target, load_draft
+from .checkpoint import check_against_target, load_draft, read_config
 from .model import DraftCache
 
 #: the draft this project trained for the embedded default target, shipped inside the package
@@ -44,8 +44,6 @@ class DFlashProposer(Proposer):
         if config.draft is None and not shipped_draft_available():
             raise SpecdecError("Proposer 'dflash' needs a draft checkpoint; pass --draft PATH (or --opt draft=PATH).")
         folder = Path(config.draft) if config.draft is not None else SHIPPED_DRAFT
-        from .checkpoint import read_config
-
         draft_config = read_config(folder)
         try:
             check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size,

@@ -52,9 +52,6 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
     click.echo(f"{out_dir}: {sum(len(s['ids']) for s in index['shards'])} sequences, {total} response tokens")
 
 
-_ = parse_options  # re-exported for the train command's --opt
-
-
 @main.command()
 @click.option("--proposer", "-p", required=True, help="Proposer whose draft to train (see `specdec plugins`).")
 @click.option("--data", "data_dir", required=True, help="Data directory from `specdec data generate`.")
