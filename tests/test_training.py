@@ -142,6 +142,18 @@ def test_block_size_larger_than_the_init_draft(tiny_setup):
         DFlashObjective(DFlashObjective.Config(block_size=8), target, init=root / "small")
 
 
+def test_init_keeps_or_shortens_the_block(tiny_setup, tmp_path):
+    root, model_dir, data_dir = tiny_setup
+    target = TargetModel(tiny_model("llama", seed=4), tiny_tokenizer())
+    DFlashObjective(DFlashObjective.Config(num_layers=1, block_size=4, mask_token_id=4), target).save_draft(
+        tmp_path / "four")
+    assert DFlashObjective(DFlashObjective.Config(), target, init=tmp_path / "four").block_size == 4
+    shorter = DFlashObjective(DFlashObjective.Config(block_size=3), target, init=tmp_path / "four")
+    assert shorter.block_size == 3 and shorter.weights.shape == (2,)
+    shorter.save_draft(tmp_path / "three")  # the proposer's default block follows the fine-tuned one
+    assert json.loads((tmp_path / "three" / "config.json").read_text())["block_size"] == 3
+
+
 def test_data_made_for_another_target(tiny_setup, tmp_path):
     root, model_dir, data_dir = tiny_setup
     other = save_tiny_model(tmp_path / "other", vocab=100, seed=1)

@@ -98,7 +98,8 @@ class DFlashObjective(TrainingObjective):
 
     class Config(ObjectiveConfig):
         num_layers: int = Field(3, ge=1, description="draft decoder layers (new drafts)")
-        block_size: int = Field(16, ge=2, description="block size (new drafts)")
+        block_size: int | None = Field(None, ge=2, description="block size: 16 for a new draft; with --init, the "
+                                       "draft's own or a smaller one, which the saved draft then records")
         num_anchors: int = Field(64, ge=1, description="anchor blocks per sequence, resampled every epoch")
         gamma: float | None = Field(None, gt=0, description="loss decay; default by block size (7 for 16)")
         mask_token_id: int | None = Field(None, ge=0, description="default: an unused special token")
@@ -110,10 +111,12 @@ class DFlashObjective(TrainingObjective):
         if init is not None:
             draft = load_draft(init, dtype=torch.float32, device=target.device)
             check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
-            if config.block_size > draft.config.block_size:
+            if config.block_size is not None and config.block_size > draft.config.block_size:
                 raise SpecdecError(f"block_size {config.block_size} is larger than the {draft.config.block_size} "
                                    f"the draft {init} was trained for; use --opt block_size="
                                    f"{draft.config.block_size} or less.")
+            if config.block_size is not None:  # fine-tuned for a shorter block: the proposer's default follows
+                draft.config = draft.config.model_copy(update={"block_size": config.block_size})
         else:
             tc = target.config
             layer_ids = config.target_layer_ids or DFlashConfig.default_target_layer_ids(target.num_layers,
@@ -128,7 +131,7 @@ class DFlashObjective(TrainingObjective):
                 intermediate_size=config.intermediate_size or int(tc.intermediate_size),
                 rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
                 rope_theta=_rope_theta(tc),
-                block_size=config.block_size,
+                block_size=config.block_size or 16,
                 mask_token_id=config.mask_token_id if config.mask_token_id is not None
                 else pick_mask_token(target.tokenizer),
                 target_layer_ids=layer_ids,
@@ -140,7 +143,7 @@ class DFlashObjective(TrainingObjective):
             draft = DFlashDraftModel(draft_config).to(target.device)
             _init_weights(draft)
         self.draft = draft.float().train()
-        self.block_size = config.block_size if init is None else min(config.block_size, draft.config.block_size)
+        self.block_size = draft.config.block_size
         self.weights = loss_weights(self.block_size, config.gamma).to(target.device)
         target.request_taps(list(self.draft.config.target_layer_ids))
         for p in target.model.parameters():
