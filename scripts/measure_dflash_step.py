@@ -1,9 +1,10 @@
-"""Time one DFlash draft step against one target verification step (block 16) on the embedded target.
+"""Time one DFlash draft step against one target verification step and one plain 1-token decoding step.
 
-    python scripts/measure_dflash_step.py [--draft PATH] [--dtype bfloat16|float32] [--repeats 30]
+    python scripts/measure_dflash_step.py [--draft PATH] [--block-size N] [--dtype bfloat16|float32] [--repeats 30]
 
-Both are timed in the same process, interleaved, after a warm-up; medians are reported, with the draft's
-KV-cache bytes per context token.
+All three are timed in the same process, interleaved, after a warm-up; medians are reported, with the
+draft's KV-cache bytes per context token. A step pays off when (draft + verification) / plain is below the
+mean acceptance length.
 """
 
 from __future__ import annotations
@@ -21,16 +22,19 @@ from specdec.contracts import DecodeState, Verdict
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--draft", default=None)
+    parser.add_argument("--block-size", type=int, default=None, help="default: the draft's")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--context", type=int, default=256, help="committed tokens before the timed step")
     args = parser.parse_args()
     options = {"draft": args.draft} if args.draft else {}
+    if args.block_size:
+        options["block_size"] = args.block_size
     decoder = SpeculativeDecoder.from_pretrained(proposer="dflash", dtype=args.dtype, **options)
     target, proposer = decoder.target, decoder.proposer
     block = proposer.block_size
     tokens = torch.randint(100, 40000, (1, args.context), generator=torch.Generator().manual_seed(0))
-    draft_times, verify_times = [], []
+    draft_times, verify_times, plain_times = [], [], []
     proposer.reset()
     out = target.prefill(tokens[:, :-1])
     proposer.prefill(DecodeState(tokens=tokens, max_draft_tokens=0, prompt_length=args.context - 1), out)
@@ -41,9 +45,13 @@ def main() -> None:
         t1 = time.perf_counter()
         out = target.forward(torch.cat([tokens[:, -1:], draft.tokens], dim=1))
         t2 = time.perf_counter()
+        target.forward(tokens[:, -1:])  # a plain decoding step at the same context length, then undone
+        t3 = time.perf_counter()
+        target.crop(tokens.shape[1] - 1 + block)
         if i >= 3:  # warm-up
             draft_times.append(t1 - t0)
             verify_times.append(t2 - t1)
+            plain_times.append(t3 - t2)
         # steady state: pretend the whole block was accepted, so every step adds block_size context tokens
         k = draft.num_tokens
         bonus = out.logits[:, -1:].argmax(-1)
@@ -52,8 +60,9 @@ def main() -> None:
         proposer.observe(DecodeState(tokens=tokens, max_draft_tokens=0, prompt_length=args.context - 1), verdict, out)
     cache = proposer.cache
     per_token = cache.nbytes() / max(1, cache.length())
-    d, v = statistics.median(draft_times) * 1e3, statistics.median(verify_times) * 1e3
-    print(f"| {args.dtype} | {block} | {d:.1f} ms | {v:.1f} ms | {d / v:.2f} | {per_token:.0f} B |")
+    d, v, p = (statistics.median(t) * 1e3 for t in (draft_times, verify_times, plain_times))
+    print(f"| {args.dtype} | {block} | {d:.1f} ms | {v:.1f} ms | {d / v:.2f} | {p:.1f} ms | {(d + v) / p:.2f} "
+          f"| {per_token:.0f} B |")
 
 
 if __name__ == "__main__":
