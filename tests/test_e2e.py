@@ -53,10 +53,9 @@ def test_shipped_draft_is_the_default_and_lossless(float32_target):
         assert out.token_ids == hf_greedy(float32_target, prompt, 64), prompt
         accepted += sum(out.stats.acceptance_lengths)
         steps += len(out.stats.acceptance_lengths)
-    # The issue asks for > 1.5; the shipped draft is under-trained (model card, docs/benchmarks.md) and
-    # measures 1.24 on these prompts (float32, 64 tokens). The floor still fails for an untrained or broken
-    # draft (~1.0).
-    assert accepted / steps > 1.15
+    # The issue's floor. The shipped draft measures 1.53 here (float32, 64 tokens, 51 steps); an untrained or
+    # broken draft scores ~1.0.
+    assert accepted / steps > 1.5
 
 
 def test_default_run_prints_an_answer():
