@@ -114,6 +114,8 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     command = "specdec train " + " ".join(os.sys.argv[2:]) if os.sys.argv[1:2] == ["train"] else None
     state = run_training(objective, proposer, data_dir, run, settings, resume=resume, progress=not no_progress,
                          extra_state={"command": command, "objective": config.model_dump(), "model": model})
+    if int(os.environ.get("RANK", "0")) != 0:
+        return  # rank 0 writes the run and reports it
     last = state["history"][-1] if state["history"] else {}
     click.echo(f"{run}/draft: step {state['step']}, loss {last.get('loss', float('nan')):.3f}, "
                f"mean acceptance length {last.get('acceptance', float('nan')):.2f}")

@@ -166,11 +166,13 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
         data.read_index()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world = 0, 1
+    owns_group = False
     if distributed:  # gradients are averaged by hand after each step: the loss is not a module's forward
         import torch.distributed as dist
 
         if not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            owns_group = True
         rank, world = dist.get_rank(), dist.get_world_size()
     params = [p for p in objective.module.parameters() if p.requires_grad]
     if distributed:  # every rank starts from rank 0's weights
@@ -265,4 +267,8 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
                     print(json.dumps(record), flush=True)
             if out_of_time:
                 break
+    if distributed:  # rank 0 may still be evaluating and saving: no rank tears the group down before it ends
+        torch.distributed.barrier()
+        if owns_group:
+            torch.distributed.destroy_process_group()
     return state
