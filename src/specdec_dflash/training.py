@@ -111,11 +111,12 @@ class DFlashObjective(TrainingObjective):
         if init is not None:
             draft = load_draft(init, dtype=torch.float32, device=target.device)
             check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
-            if config.block_size is not None and config.block_size > draft.config.block_size:
-                raise SpecdecError(f"block_size {config.block_size} is larger than the {draft.config.block_size} "
-                                   f"the draft {init} was trained for; use --opt block_size="
-                                   f"{draft.config.block_size} or less.")
-            if config.block_size is not None:  # fine-tuned for a shorter block: the proposer's default follows
+            if config.block_size is not None:
+                if config.block_size > draft.config.block_size:
+                    raise SpecdecError(f"block_size {config.block_size} is larger than the "
+                                       f"{draft.config.block_size} the draft {init} was trained for; use "
+                                       f"--opt block_size={draft.config.block_size} or less.")
+                # fine-tuned for a shorter block: the saved config, and so the proposer's default, follows
                 draft.config = draft.config.model_copy(update={"block_size": config.block_size})
         else:
             tc = target.config
