@@ -65,6 +65,25 @@ def test_labels_are_aligned_and_clipped_at_the_end():
     assert labels[1].tolist() == [108, 109, -100, -100] and valid[1].tolist() == [True, True, False, False]
 
 
+def test_taps_only_forward_matches_prefill_and_skips_the_rest():
+    model = tiny_model("llama", layers=4, seed=5)
+    target = TargetModel(model)
+    target.request_taps([0, 2])
+    tokens = torch.randint(0, 128, (1, 11), generator=torch.Generator().manual_seed(0))
+    full = target.prefill(tokens)
+    calls = []
+    hook = model.model.layers[3].register_forward_hook(lambda *_: calls.append(1))
+    try:
+        only = target.tap_hidden_states(tokens)
+    finally:
+        hook.remove()
+    assert calls == []  # layer 3 (after the deepest tap) and the LM head never ran
+    assert only.logits.numel() == 0 and target.cache_length == 11  # the prefill's cache is untouched
+    assert torch.equal(only.tapped([0, 2]), full.tapped([0, 2]))
+    step = target.forward(tokens[:, -1:])  # ordinary forwards run every layer again
+    assert step.logits.shape == (1, 1, 128) and target.cache_length == 12
+
+
 def test_loss_weights():
     w = loss_weights(16)
     assert w.shape == (15,) and w[0] == 1.0

@@ -29,9 +29,16 @@ class TargetOutput:
         return torch.cat([self.taps[i] for i in layer_ids], dim=-1)
 
 
+class _TapsComplete(Exception):
+    """Raised by the deepest tap's hook to end a taps-only forward: nothing after that layer is needed."""
+
+
+def base_model(model: nn.Module) -> nn.Module | None:
+    return getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    base = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
-    layers = getattr(base, "layers", None)
+    layers = getattr(base_model(model), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise SpecdecError(f"{type(model).__name__} has no `model.layers` list of decoder layers; specdec supports "
                            "decoder-only transformers models laid out like Llama, Qwen or Mistral.")
@@ -53,6 +60,7 @@ class TargetModel:
         self._tap_ids: list[int] = []
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks: list[Any] = []
+        self._stop_after: int | None = None  # set during a taps-only forward
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
@@ -114,6 +122,8 @@ class TargetModel:
     def _make_hook(self, layer_id: int):
         def hook(_module, _inputs, output):
             self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+            if layer_id == self._stop_after:
+                raise _TapsComplete
 
         return hook
 
@@ -150,6 +160,29 @@ class TargetModel:
         """Read the prompt [B, T] into a fresh cache; logits of the last position only, taps for all."""
         self.reset()
         return self._run(input_ids, logits_to_keep=1)
+
+    @torch.inference_mode()
+    def tap_hidden_states(self, input_ids: torch.Tensor) -> TargetOutput:
+        """Taps only, for every position of [B, T], from a cache-free forward that stops at the deepest tap.
+
+        Training needs the tapped states and nothing else: skipping the later layers and the LM head (whose
+        [T, V] product costs as much as several decoder layers) makes each training step cheaper. The KV
+        cache is left untouched; `logits` is empty.
+        """
+        if not self._tap_ids:
+            raise SpecdecError("No hidden-state taps were requested; call request_taps(layer_ids) first.")
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        self._captured, self._stop_after = {}, max(self._tap_ids)
+        try:
+            base_model(self.model)(input_ids=input_ids, position_ids=positions.expand(input_ids.shape[0], -1),
+                                   use_cache=False)
+        except _TapsComplete:
+            pass
+        finally:
+            self._stop_after = None
+        taps, self._captured = self._captured, {}
+        logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)
+        return TargetOutput(logits=logits, taps=taps)
 
     def forward(self, input_ids: torch.Tensor) -> TargetOutput:
         """Feed [B, n] tokens at the positions following the cache; logits for all n positions."""

@@ -163,9 +163,7 @@ class DFlashObjective(TrainingObjective):
             zero = sum(p.sum() for p in self.draft.parameters()) * 0.0
             return zero, {"loss": 0.0, "accuracy": 0.0}
         length = tokens.shape[0]
-        with torch.no_grad():
-            self.target.reset()
-            tapped = self.target.prefill(tokens.unsqueeze(0)).tapped(self.draft.config.target_layer_ids)
+        tapped = self.target.tap_hidden_states(tokens.unsqueeze(0)).tapped(self.draft.config.target_layer_ids)
         tapped = tapped.clone()  # an inference-mode tensor cannot be saved for backward; a clone can
         ids, positions, labels, valid = block_inputs(tokens, anchors, self.block_size, self.draft.config.mask_token_id)
         mask = packed_attention_mask(anchors, length, self.block_size)
