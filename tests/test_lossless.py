@@ -36,6 +36,7 @@ def dflash_dirs(tmp_path_factory):
     """Random-weight DFlash drafts of several shapes and block sizes for the llama tiny target."""
     from specdec_dflash.checkpoint import save_draft
     from specdec_dflash.model import DFlashConfig, DFlashDraftModel
+    from specdec_dflash.vocab import save_vocab
 
     folders = []
     for layers, block, taps in [(1, 2, [1]), (2, 4, [0, 3]), (1, 8, [0, 1, 2])]:
@@ -46,6 +47,7 @@ def dflash_dirs(tmp_path_factory):
         folder = tmp_path_factory.mktemp(f"dflash{layers}-{block}")
         save_draft(DFlashDraftModel(config), folder, dtype=torch.float64)
         folders.append(str(folder))
+    save_vocab(torch.tensor([0, 3, 5, 7, 8, 9, 10, 64, 100, 127]), folders[-1])  # a reduced draft vocabulary
     return folders
 
 

@@ -68,8 +68,9 @@ def small_target():
 
 @pytest.fixture(scope="module")
 def proposer_cases(tmp_path_factory, small_target):
-    from specdec_dflash.checkpoint import save_draft
+    from specdec_dflash.checkpoint import load_draft, save_draft
     from specdec_dflash.model import DFlashConfig, DFlashDraftModel
+    from specdec_dflash.vocab import save_vocab
 
     draft_dir = tmp_path_factory.mktemp("draft8")
     tiny_model("llama", vocab=VOCAB, hidden=16, heads=2, kv_heads=1, layers=1, seed=12).save_pretrained(draft_dir)
@@ -79,8 +80,13 @@ def proposer_cases(tmp_path_factory, small_target):
                           head_dim=8, intermediate_size=16, block_size=4, mask_token_id=7, target_layer_ids=[0],
                           num_target_layers=2, vocab_size=VOCAB, rope_theta=10000.0)
     save_draft(DFlashDraftModel(config), dflash_dir, dtype=torch.float64)
+    # the same draft restricted to every third token: q is zero on the rest, which only the target can emit
+    reduced_dir = tmp_path_factory.mktemp("dflash8-vocab")
+    save_draft(load_draft(dflash_dir, dtype=torch.float64), reduced_dir, dtype=torch.float64)
+    save_vocab(torch.arange(0, VOCAB, 3), reduced_dir)
     return {"autoregressive": {}, "ngram": {"num_tokens": 3, "min_n": 1, "max_n": 2},
-            "draft": {"draft": str(draft_dir), "num_tokens": 3}, "dflash": {"draft": str(dflash_dir)}}
+            "draft": {"draft": str(draft_dir), "num_tokens": 3}, "dflash": {"draft": str(dflash_dir)},
+            "dflash-vocab": {"draft": str(reduced_dir)}}
 
 
 def sample_counts(decoder, prompt, steps, params, runs):
@@ -99,7 +105,7 @@ def test_every_registered_proposer_is_covered(proposer_cases):
     assert set(get_registry().proposers) <= set(proposer_cases)
 
 
-@pytest.mark.parametrize("name", ["autoregressive", "ngram", "draft", "dflash", "test-random"])
+@pytest.mark.parametrize("name", ["autoregressive", "ngram", "draft", "dflash", "dflash-vocab", "test-random"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.7, top_k=5, top_p=0.9)], ids=["T1", "T07k5p09"])
 def test_sampled_distribution_equals_the_targets(small_target, proposer_cases, name, params):
@@ -108,7 +114,8 @@ def test_sampled_distribution_equals_the_targets(small_target, proposer_cases, n
         target = TargetModel(small_target)
         decoder = SpeculativeDecoder(target, RandomProposer(RandomProposer.Config(num_tokens=3, seed=5), target))
     else:
-        decoder = SpeculativeDecoder.from_model(small_target, proposer=name, **proposer_cases[name])
+        decoder = SpeculativeDecoder.from_model(small_target, proposer=name.removesuffix("-vocab"),
+                                                **proposer_cases[name])
     counts = sample_counts(decoder, prompt, steps, params, runs)
     for j, marginal in enumerate(exact_marginals(small_target, prompt, steps, params)):
         p = chi_square_p_value(counts[j], marginal)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field
 
 from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict
@@ -15,6 +16,7 @@ from specdec.target import TargetModel
 
 from .checkpoint import check_against_target, load_draft, read_config
 from .model import DraftCache
+from .vocab import load_vocab
 
 #: the draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
@@ -34,6 +36,9 @@ class DFlashProposer(Proposer):
         drafting: Literal["sample", "greedy"] = Field(
             "sample", description="at temperature > 0: sample drafts from the draft's own distribution and pass it "
             "to the verifier (sample), or draft argmax tokens as point masses, as z-lab's reference does (greedy)")
+        vocab: Literal["draft", "full"] = Field(
+            "draft", description="score the draft's reduced vocabulary (draft_vocab.json, when the checkpoint has "
+            "one) or the target's whole vocabulary (full)")
 
     @classmethod
     def default_for(cls, model: str | None) -> bool:
@@ -60,6 +65,13 @@ class DFlashProposer(Proposer):
         self.model = load_draft(folder, dtype=target.dtype, device=target.device)
         self.block_size = block_size
         self.layer_ids = list(draft_config.target_layer_ids)
+        vocab_ids = load_vocab(folder, target.vocab_size) if config.vocab == "draft" else None
+        self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
+        if self.vocab_ids is not None:  # the frozen head's rows for the subset, gathered once, contiguous
+            head = target.lm_head
+            self.head_weight = head.weight.detach()[self.vocab_ids].contiguous()
+            bias = getattr(head, "bias", None)
+            self.head_bias = None if bias is None else bias.detach()[self.vocab_ids].contiguous()
         target.request_taps(self.layer_ids)
         self.reset()
 
@@ -98,12 +110,22 @@ class DFlashProposer(Proposer):
         hidden = self.model(self.target.embed_tokens(block), pending, context_positions, block_positions,
                             cache=self.cache)
         self._pending = None
-        logits = self.target.lm_head(hidden[:, 1: 1 + k])  # [B, k, V]
+        hidden = hidden[:, 1: 1 + k]
+        if self.vocab_ids is None:
+            logits = self.target.lm_head(hidden)  # [B, k, V]
+        else:
+            logits = F.linear(hidden, self.head_weight, self.head_bias)  # [B, k, V'], V' = draft vocabulary
         sampling = state.sampling
         if sampling is None or sampling.greedy or self.config.drafting == "greedy":
             # a point mass: the verifier needs no draft probs. max(...).indices is argmax (first index on ties)
             # and several times faster than argmax on bf16 CPU tensors.
-            return Draft(tokens=logits.max(dim=-1).indices)
+            return Draft(tokens=self._to_target_ids(logits.max(dim=-1).indices))
         probs = logits_to_probs(logits, sampling)
-        tokens = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=state.generator)
-        return Draft(tokens=tokens.view(probs.shape[0], k), probs=probs)
+        picks = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=state.generator).view(-1, k)
+        if self.vocab_ids is not None:  # q over the whole vocabulary: zero outside the draft vocabulary
+            full = probs.new_zeros(*probs.shape[:-1], self.target.vocab_size)
+            probs = full.index_copy_(-1, self.vocab_ids, probs)
+        return Draft(tokens=self._to_target_ids(picks), probs=probs)
+
+    def _to_target_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        return indices if self.vocab_ids is None else self.vocab_ids[indices]

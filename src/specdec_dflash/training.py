@@ -18,10 +18,12 @@ from pydantic import Field
 
 from specdec.errors import SpecdecError
 from specdec.target import TargetModel
+from specdec.training.data import DataDir
 from specdec.training.objective import ObjectiveConfig, TrainingObjective
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .model import DFlashConfig, DFlashDraftModel
+from .vocab import label_map, load_vocab, most_frequent, save_vocab
 
 
 def loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
@@ -105,6 +107,9 @@ class DFlashObjective(TrainingObjective):
         mask_token_id: int | None = Field(None, ge=0, description="default: an unused special token")
         target_layer_ids: list[int] | None = Field(None, description="default: spread over the target's depth")
         intermediate_size: int | None = Field(None, gt=0, description="default: the target's")
+        draft_vocab_size: int | None = Field(None, ge=1, description="score only the N most frequent response "
+                                             "tokens of the data (FR-Spec, EAGLE-3's d2t); default: the --init "
+                                             "draft's vocabulary, else the whole vocabulary")
 
     def __init__(self, config: Config, target: TargetModel, init: str | Path | None = None) -> None:
         super().__init__(config, target)
@@ -144,6 +149,12 @@ class DFlashObjective(TrainingObjective):
             draft = DFlashDraftModel(draft_config).to(target.device)
             _init_weights(draft)
         self.draft = draft.float().train()
+        self.vocab_ids: torch.Tensor | None = None
+        self.vocab_source = ""
+        if init is not None:
+            inherited = load_vocab(init, target.vocab_size)
+            if inherited is not None:
+                self._set_vocab(inherited, f"inherited from {init}")
         self.block_size = draft.config.block_size
         self.weights = loss_weights(self.block_size, config.gamma).to(target.device)
         target.request_taps(list(self.draft.config.target_layer_ids))
@@ -153,6 +164,36 @@ class DFlashObjective(TrainingObjective):
     @property
     def module(self) -> DFlashDraftModel:
         return self.draft
+
+    def _set_vocab(self, token_ids: torch.Tensor, source: str) -> None:
+        device = self.target.device
+        self.vocab_ids = token_ids.to(device)
+        self.vocab_source = source
+        self.to_draft = label_map(self.vocab_ids, self.target.vocab_size)
+        # the frozen head's rows for the subset, contiguous: a gathered view would be a slow matmul operand
+        self.head_weight = self.target.lm_head.weight.detach()[self.vocab_ids].contiguous()
+
+    def use_data(self, data: DataDir) -> None:
+        size = self.config.draft_vocab_size
+        if size is None or (self.vocab_ids is not None and self.vocab_ids.numel() == size):
+            return  # the whole vocabulary, or the init draft's subset of this size (a resume keeps its own)
+        token_ids = most_frequent(data.response_token_counts(self.target.vocab_size), size)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.broadcast(token_ids, src=0)  # data may grow between ranks' reads: rank 0's wins
+        self._set_vocab(token_ids, f"the {size} most frequent response tokens of {data.path}")
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V'] logits over the draft vocabulary (the whole one if none was set)."""
+        if self.vocab_ids is None:
+            return self.target.lm_head(hidden)
+        return F.linear(hidden, self.head_weight)
+
+    def draft_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Target token ids -> draft vocabulary indices; -100 (ignored) for tokens outside it or unlabelled."""
+        if self.vocab_ids is None:
+            return labels
+        mapped = self.to_draft[labels.clamp(min=0)]
+        return torch.where((labels >= 0) & (mapped >= 0), mapped, torch.full_like(labels, -100))
 
     def loss(self, tokens: torch.Tensor, loss_mask: torch.Tensor,
              generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
@@ -172,17 +213,22 @@ class DFlashObjective(TrainingObjective):
             hidden = self.draft(embeds, tapped, torch.arange(length, device=device).unsqueeze(0),
                                 positions.unsqueeze(0), attention_mask=mask)
             hidden = hidden.view(anchors.shape[0], self.block_size, -1)[:, 1:]  # slots 1..B-1
-            logits = self.target.lm_head(hidden.contiguous()).float()  # [A, B-1, V]
+            logits = self.draft_logits(hidden.contiguous()).float()  # [A, B-1, V']
+        labels = self.draft_labels(labels)
+        valid = valid & (labels >= 0)  # a token outside the draft vocabulary cannot be drafted: no loss there
         ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
         weights = self.weights.unsqueeze(0) * valid
-        loss = (ce.view_as(weights) * weights).sum() / weights.sum()
-        with torch.no_grad():
-            correct = (logits.argmax(-1) == labels) & valid
-            accuracy = correct[:, 0].float().mean().item()  # slot-1 accuracy: the first draft token
+        loss = (ce.view_as(weights) * weights).sum() / weights.sum().clamp(min=1e-6)
+        with torch.no_grad():  # slot-1 accuracy (the first draft token); argmax over slot 1 only, it is not cheap
+            correct = (logits[:, 0].argmax(-1) == labels[:, 0]) & valid[:, 0]
+            accuracy = correct.float().mean().item()
         return loss, {"loss": float(loss.detach()), "accuracy": accuracy}
 
     def save_draft(self, folder: str | Path) -> Path:
-        return save_draft(self.draft, folder)
+        path = save_draft(self.draft, folder)
+        if self.vocab_ids is not None:
+            save_vocab(self.vocab_ids.cpu(), path, source=self.vocab_source)
+        return path
 
 
 def _rope_theta(config) -> float:

@@ -108,8 +108,10 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     hf_model, tokenizer = loading.load_model(model, loading.resolve_dtype(dtype, device), device)
     target = TargetModel(hf_model, tokenizer)
     run = os.path.abspath(run_dir)
-    if resume and init is None and os.path.isdir(os.path.join(run, "draft")):
-        init = os.path.join(run, "draft")  # architecture from the run's own checkpoint; weights from its state
+    if resume and os.path.isdir(os.path.join(run, "draft")):
+        # architecture (and draft vocabulary) from the run's own checkpoint, whatever --init said; weights
+        # from its trainer state
+        init = os.path.join(run, "draft")
     objective = objective_cls(config, target, init=init)
     command = "specdec train " + " ".join(os.sys.argv[2:]) if os.sys.argv[1:2] == ["train"] else None
     state = run_training(objective, proposer, data_dir, run, settings, resume=resume, progress=not no_progress,

@@ -100,6 +100,13 @@ class DataDir:
                                 "num_response_tokens": int(mask.sum())})
         self.write_index(index)
 
+    def response_token_counts(self, vocab_size: int) -> torch.Tensor:
+        """[vocab_size] long: how often each token occurs among the response tokens (loss mask 1)."""
+        counts = torch.zeros(vocab_size, dtype=torch.long)
+        for tokens, mask in self.sequences():
+            counts += torch.bincount(tokens[mask], minlength=vocab_size)[:vocab_size]
+        return counts
+
     def sequences(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every (tokens [T] long, loss_mask [T] bool) pair, shard by shard."""
         for shard in self.read_index()["shards"]:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from ..target import TargetModel
+from .data import DataDir
 
 
 class ObjectiveConfig(BaseModel):
@@ -37,6 +38,9 @@ class TrainingObjective:
              generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
         """tokens, loss_mask: [T] for one sequence -> (scalar loss, metrics for the progress bar)."""
         raise NotImplementedError
+
+    def use_data(self, data: DataDir) -> None:
+        """Called once before the first step with the training data (e.g. for token statistics)."""
 
     def save_draft(self, folder: str | Path) -> Path:  # pragma: no cover - interface
         """Write a checkpoint the proposer loads with its `draft` option."""

@@ -174,6 +174,7 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
             owns_group = True
         rank, world = dist.get_rank(), dist.get_world_size()
+    objective.use_data(data)
     params = [p for p in objective.module.parameters() if p.requires_grad]
     if distributed:  # every rank starts from rank 0's weights
         for p in params:

@@ -1,0 +1,68 @@
+"""A reduced draft vocabulary: the draft scores only the tokens the target emits most often.
+
+The idea is FR-Spec's and EAGLE-3's (its `d2t` table): a draft's LM head over the target's whole
+vocabulary is the largest matmul of a draft step and of a training step, yet almost all accepted tokens
+come from a few thousand frequent ones (on SmolLM2's own answers to the training prompts, the 8,192 most
+frequent tokens cover 98.5% of the response tokens). Verification stays with the target's full head, so
+output is unchanged; a token outside the subset can only be produced by the target, never drafted.
+
+On disk: ``draft_vocab.json`` beside the weights, ``{"token_ids": [...ascending...], "source": ...}``.
+Checkpoints without it draft over the whole vocabulary (z-lab's layout has no such file, and engines that
+ignore it stay lossless, only slower).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from specdec.errors import SpecdecError
+
+VOCAB_FILE = "draft_vocab.json"
+
+
+def most_frequent(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The ids of the `size` largest counts (ties to the lower id), ascending."""
+    if not 1 <= size <= counts.numel():
+        raise SpecdecError(f"A draft vocabulary of {size} tokens is impossible for a vocabulary of {counts.numel()}; "
+                           f"choose 1..{counts.numel()}.")
+    # a stable sort on -counts keeps lower ids first among equal counts
+    order = torch.sort(-counts.long(), stable=True).indices
+    return order[:size].sort().values
+
+
+def save_vocab(token_ids: torch.Tensor, folder: str | os.PathLike, source: str = "") -> None:
+    path = Path(folder) / VOCAB_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"token_ids": token_ids.tolist(), "source": source}) + "\n")
+    os.replace(tmp, path)
+
+
+def load_vocab(folder: str | os.PathLike, vocab_size: int) -> torch.Tensor | None:
+    """The draft vocabulary saved in `folder`, checked against the target's vocabulary; None if there is none."""
+    path = Path(folder) / VOCAB_FILE
+    if not path.is_file():
+        return None
+    try:
+        ids = json.loads(path.read_text())["token_ids"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise SpecdecError(f"{path} is not a draft vocabulary (JSON with a `token_ids` list); delete it to draft "
+                           "over the whole vocabulary.") from None
+    if not ids or not all(isinstance(i, int) for i in ids):
+        raise SpecdecError(f"{path}: `token_ids` must be a non-empty list of integers; delete the file to draft "
+                           "over the whole vocabulary.")
+    tensor = torch.tensor(ids, dtype=torch.long)
+    if tensor.min() < 0 or tensor.max() >= vocab_size or tensor.unique().numel() != tensor.numel():
+        raise SpecdecError(f"{path} lists token ids that are repeated or outside the target's vocabulary of "
+                           f"{vocab_size}; use a draft trained for this target.")
+    return tensor.sort().values
+
+
+def label_map(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V] long: target token id -> index in the draft vocabulary, -1 for tokens outside it."""
+    mapping = torch.full((vocab_size,), -1, dtype=torch.long, device=token_ids.device)
+    mapping[token_ids] = torch.arange(token_ids.numel(), device=token_ids.device)
+    return mapping
