@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from specdec import SpecdecError, SpeculativeDecoder
 from specdec_dflash.checkpoint import load_draft, save_draft
 from specdec_dflash.model import DFlashConfig, DFlashDraftModel
+from specdec_dflash.vocab import load_vocab, save_vocab
 
 HIDDEN, HEADS, KV, HEAD_DIM, LAYERS, VOCAB = 32, 4, 2, 8, 4, 128
 
@@ -224,6 +225,7 @@ def test_export(tmp_path, fmt):
     from specdec.cli import main
 
     folder = write_draft(tmp_path / "src", seed=9)
+    save_vocab(torch.tensor([1, 5, 9]), folder)
     result = CliRunner().invoke(main, ["export", "--draft", str(folder), "--format", fmt, "--out",
                                        str(tmp_path / "out"), "--verifier", "tiny/target"])
     assert result.exit_code == 0, result.output
@@ -233,8 +235,10 @@ def test_export(tmp_path, fmt):
     if fmt == "zlab":
         assert cfg["dflash_config"]["target_layer_ids"] == [0, 2]
         assert load_draft(tmp_path / "out").config.block_size == 6
+        assert load_vocab(tmp_path / "out", VOCAB).tolist() == [1, 5, 9]
     else:
         assert cfg["speculators_model_type"] == "dflash" and cfg["aux_hidden_state_layer_ids"] == [0, 2]
         assert cfg["block_size"] == 6 and cfg["mask_token_id"] == 5
         assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
         assert cfg["speculators_config"]["verifier"]["name_or_path"] == "tiny/target"
+        assert load_vocab(tmp_path / "out", VOCAB) is None

@@ -6,6 +6,9 @@
   ``transformer_layer_config`` and a ``speculators_config`` naming the verifier). The field names follow
   the public ``DFlashSpeculatorConfig`` schema; the tensor names are z-lab's. No vocabulary mapping: the
   draft predicts over the target's whole vocabulary.
+
+A reduced draft vocabulary (``draft_vocab.json``) travels with ``zlab`` (engines that ignore the file draft
+over the whole vocabulary: as lossless, a little slower) and is left out of ``speculators``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from specdec.errors import SpecdecError
 
 from .checkpoint import load_draft, save_draft
+from .vocab import load_vocab, save_vocab
 
 FORMATS = ("zlab", "speculators")
 
@@ -26,6 +30,9 @@ def export_draft(draft: str | Path, out: str | Path, fmt: str, verifier: str | N
     model = load_draft(draft)
     folder = save_draft(model, out)
     if fmt == "zlab":
+        vocab_ids = load_vocab(draft, model.config.vocab_size or 2**31 - 1)
+        if vocab_ids is not None:
+            save_vocab(vocab_ids, folder, source=f"exported from {draft}")
         return folder
     c = model.config
     layer_config = {
