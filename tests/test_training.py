@@ -238,10 +238,11 @@ def test_torchrun_ddp_two_processes(tiny_setup, tmp_path):
         [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "specdec", "train", "--proposer", "dflash",
          "--model", model_dir, "--data", data_dir, "--out", str(run), "--dtype", "float32", "--opt", "num_layers=1",
          "--opt", "block_size=4", "--opt", "num_anchors=4", "--opt", "mask_token_id=4", "--steps", "4",
-         "--save-every", "2", "--eval-prompts", "1", "--no-progress"],
+         "--opt", "draft_vocab_size=40", "--save-every", "2", "--eval-prompts", "1", "--no-progress"],
         capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     state = json.loads((run / "trainer_state.json").read_text())
     assert state["step"] == 4 and [h["step"] for h in state["history"]] == [2, 4]
     assert (run / "draft" / "model.safetensors").is_file()
+    assert len(json.loads((run / "draft" / "draft_vocab.json").read_text())["token_ids"]) == 40  # broadcast subset
     assert sys.executable

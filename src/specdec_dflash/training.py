@@ -177,9 +177,9 @@ class DFlashObjective(TrainingObjective):
         size = self.config.draft_vocab_size
         if size is None or (self.vocab_ids is not None and self.vocab_ids.numel() == size):
             return  # the whole vocabulary, or the init draft's subset of this size (a resume keeps its own)
-        token_ids = most_frequent(data.response_token_counts(self.target.vocab_size), size)
+        token_ids = most_frequent(data.response_token_counts(self.target.vocab_size), size).to(self.target.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.broadcast(token_ids, src=0)  # data may grow between ranks' reads: rank 0's wins
+            torch.distributed.broadcast(token_ids, src=0)  # data may grow between ranks' reads: rank 0's subset wins
         self._set_vocab(token_ids, f"the {size} most frequent response tokens of {data.path}")
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
