@@ -68,7 +68,8 @@ def no_loading(monkeypatch):
 def test_bench_end_to_end(folders, tmp_path):
     out = tmp_path / "out"
     args = ["bench", "--dataset", "tiny", "--data-dir", folders["data"], "--model", folders["target"],
-            "--proposers", "ngram,draft", "--draft", folders["draft"], "--opt", "draft.num_tokens=2",
+            "--proposers", "ngram,draft,ngram:one", "--draft", folders["draft"], "--opt", "draft.num_tokens=2",
+            "--opt", "ngram:one.num_tokens=1",
             "--baselines", "hf-greedy,hf-pld,hf-assisted", "--draft-model", folders["draft"],
             "--max-new-tokens", "10", "--dtype", "float32", "--out", str(out), "--no-progress"]
     result = CliRunner().invoke(main, args)
@@ -84,7 +85,7 @@ def test_bench_end_to_end(folders, tmp_path):
     assert {"torch", "transformers"} <= set(meta["versions"])
 
     runners = results["proposers"]
-    assert list(runners) == ["autoregressive", "ngram", "draft", "hf-greedy", "hf-pld", "hf-assisted"]
+    assert list(runners) == ["autoregressive", "ngram", "draft", "ngram:one", "hf-greedy", "hf-pld", "hf-assisted"]
     for name, r in runners.items():
         for key in ("mean_acceptance_length", "tokens_per_second", "speedup", "exact_match_rate",
                     "acceptance_rate_per_position", "peak_rss_mb", "time_split_seconds"):
@@ -99,6 +100,8 @@ def test_bench_end_to_end(folders, tmp_path):
     assert runners["autoregressive"]["speedup"]["vs_autoregressive"]["median"] == 1.0
     assert runners["ngram"]["mean_acceptance_length"] > 1.0
     assert len(runners["draft"]["acceptance_rate_per_position"]) == 2
+    assert len(runners["ngram:one"]["acceptance_rate_per_position"]) == 1  # a second ngram, with its own options
+    assert results["meta"]["proposer_options"]["ngram:one"]["num_tokens"] == 1
     assert runners["hf-greedy"]["mean_acceptance_length"] is None
     assert runners["hf-greedy"]["time_split_seconds"] is None
     assert set(runners["ngram"]["time_split_seconds"]) == {"prefill", "propose", "verify", "other"}
@@ -151,6 +154,8 @@ def test_bench_bad_input(folders, tmp_path, no_loading):
         (["-d", "tiny", "--limit", "0"], ["--limit must be at least 1"]),
         (["-d", "tiny", "-p", "ngram,nope"], ["Unknown proposer 'nope'", "autoregressive", "ngram"]),
         (["-d", "tiny", "-p", "hf-greedy"], ["--baselines"]),
+        (["-d", "tiny", "-p", "ngram:"], ["empty label", "NAME:LABEL"]),
+        (["-d", "tiny", "-p", "nope:x"], ["Unknown proposer 'nope'"]),
         (["-d", "tiny", "--baselines", "hf-magic"], ["Unknown baseline 'hf-magic'"]),
         (["-d", "tiny", "--baselines", "hf-assisted"], ["--draft-model"]),
         (["-d", "tiny", "-p", "ngram", "--opt", "ngram.num_tokens=0"], ["num_tokens"]),

@@ -58,6 +58,7 @@ def registered_cases(draft_dir, dflash_dirs):
             cases += [(name, {"draft": draft_dir, "num_tokens": k}) for k in (1, 3)]
         elif name == "dflash":
             cases += [(name, {"draft": d}) for d in dflash_dirs]
+            cases.append((name, {"draft": dflash_dirs[1], "lookup": 1}))  # prompt lookup on steps with a match
         elif name == "ngram":
             cases += [(name, {}), (name, {"num_tokens": 2, "min_n": 1, "max_n": 1})]
         else:
@@ -96,6 +97,15 @@ def test_each_builtin_on_a_repetitive_prompt(draft_dir, dflash_dirs, name):
     options = {"draft": draft_dir} if name == "draft" else {"draft": dflash_dirs[1]} if name == "dflash" else {}
     out = SpeculativeDecoder.from_model(model, proposer=name, **options).generate_ids(prompt, max_new_tokens=30)
     assert out.token_ids == plain_greedy(model, prompt, 30)
+
+
+@pytest.mark.parametrize("lookup", [1, 2, 4])
+def test_dflash_with_prompt_lookup_on_a_repetitive_prompt(dflash_dirs, lookup):
+    model = model_for("llama", 1)
+    prompt = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9]
+    decoder = SpeculativeDecoder.from_model(model, proposer="dflash", draft=dflash_dirs[2], lookup=lookup)
+    out = decoder.generate_ids(prompt, max_new_tokens=40)
+    assert out.token_ids == plain_greedy(model, prompt, 40)
 
 
 def run_with(proposer_cls, model, prompt, max_new, **options):

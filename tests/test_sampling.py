@@ -86,7 +86,7 @@ def proposer_cases(tmp_path_factory, small_target):
     save_vocab(torch.arange(0, VOCAB, 3), reduced_dir)
     return {"autoregressive": {}, "ngram": {"num_tokens": 3, "min_n": 1, "max_n": 2},
             "draft": {"draft": str(draft_dir), "num_tokens": 3}, "dflash": {"draft": str(dflash_dir)},
-            "dflash-vocab": {"draft": str(reduced_dir)}}
+            "dflash-vocab": {"draft": str(reduced_dir)}, "dflash-lookup": {"draft": str(dflash_dir), "lookup": 1}}
 
 
 def sample_counts(decoder, prompt, steps, params, runs):
@@ -105,7 +105,8 @@ def test_every_registered_proposer_is_covered(proposer_cases):
     assert set(get_registry().proposers) <= set(proposer_cases)
 
 
-@pytest.mark.parametrize("name", ["autoregressive", "ngram", "draft", "dflash", "dflash-vocab", "test-random"])
+@pytest.mark.parametrize("name", ["autoregressive", "ngram", "draft", "dflash", "dflash-vocab", "dflash-lookup",
+                                  "test-random"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.7, top_k=5, top_p=0.9)], ids=["T1", "T07k5p09"])
 def test_sampled_distribution_equals_the_targets(small_target, proposer_cases, name, params):
@@ -114,7 +115,7 @@ def test_sampled_distribution_equals_the_targets(small_target, proposer_cases, n
         target = TargetModel(small_target)
         decoder = SpeculativeDecoder(target, RandomProposer(RandomProposer.Config(num_tokens=3, seed=5), target))
     else:
-        decoder = SpeculativeDecoder.from_model(small_target, proposer=name.removesuffix("-vocab"),
+        decoder = SpeculativeDecoder.from_model(small_target, proposer=name.partition("-")[0],
                                                 **proposer_cases[name])
     counts = sample_counts(decoder, prompt, steps, params, runs)
     for j, marginal in enumerate(exact_marginals(small_target, prompt, steps, params)):

@@ -135,15 +135,25 @@ def split_names(text: str | None) -> list[str]:
     return names
 
 
+def proposer_of(runner: str) -> str:
+    """A runner is a registered proposer name, or NAME:LABEL for another configuration of that proposer."""
+    return runner.partition(":")[0]
+
+
 def parse_proposers(text: str | None) -> list[str]:
-    """Registered proposer names, `autoregressive` first (it always runs: it is the reference)."""
+    """Runner names (proposers, or NAME:LABEL variants), `autoregressive` first (it always runs: it is the
+    reference)."""
     from .plugins import get_registry
 
     known = get_registry().proposers
     names = split_names(text)
     if not names:
         raise SpecdecError("--proposers is empty; give a comma-separated list such as autoregressive,ngram.")
-    for name in names:
+    for runner in names:
+        name, colon, label = runner.partition(":")
+        if colon and not label:
+            raise SpecdecError(f"Runner {runner!r} in --proposers has an empty label; write NAME:LABEL, e.g. "
+                               "dflash:lookup, and set its options with --opt dflash:lookup.key=value.")
         if name not in known:
             hint = f" ({name} is a baseline: pass it with --baselines)" if name in BASELINES else ""
             raise SpecdecError(f"Unknown proposer {name!r} in --proposers{hint}; choose from: "
@@ -171,7 +181,7 @@ def parse_proposer_options(pairs: Iterable[str], proposers: Sequence[str],
 
     raw: dict[str, dict[str, Any]] = {name: {} for name in proposers}
     for name in proposers:
-        if draft is not None and "draft" in get_proposer_class(name).Config.model_fields:
+        if draft is not None and "draft" in get_proposer_class(proposer_of(name)).Config.model_fields:
             raw[name]["draft"] = draft
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -183,7 +193,7 @@ def parse_proposer_options(pairs: Iterable[str], proposers: Sequence[str],
             raise SpecdecError(f"--opt {pair!r} names proposer {name!r}, which is not in --proposers "
                                f"({', '.join(proposers)}).")
         raw[name][option] = value
-    return {name: build_proposer_config(name, options) for name, options in raw.items()}
+    return {name: build_proposer_config(proposer_of(name), options) for name, options in raw.items()}
 
 
 @dataclass
@@ -326,7 +336,7 @@ def build_runners(plan: BenchPlan, model: Any, tokenizer: Any) -> list[Any]:
     runners: list[Any] = []
     for name, config in plan.proposers.items():
         target = TargetModel(model, tokenizer)
-        proposer = get_proposer_class(name)(config, target)
+        proposer = get_proposer_class(proposer_of(name))(config, target)
         runners.append(SpecdecRunner(name, SpeculativeDecoder(target, proposer)))
     if plan.baselines:
         eos = TargetModel(model, tokenizer).eos_token_ids

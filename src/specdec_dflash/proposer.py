@@ -11,6 +11,7 @@ from pydantic import Field
 
 from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict
 from specdec.errors import SpecdecError
+from specdec.proposers.ngram import find_continuation
 from specdec.sampling import logits_to_probs
 from specdec.target import TargetModel
 
@@ -36,6 +37,9 @@ class DFlashProposer(Proposer):
         drafting: Literal["sample", "greedy"] = Field(
             "sample", description="at temperature > 0: sample drafts from the draft's own distribution and pass it "
             "to the verifier (sample), or draft argmax tokens as point masses, as z-lab's reference does (greedy)")
+        lookup: int = Field(0, ge=0, description="0 = off; N >= 1: when the last N to max(N, 3) tokens occurred "
+                            "earlier in prompt + output, propose what followed them (prompt lookup) that step "
+                            "instead of running the draft")
         vocab: Literal["draft", "full"] = Field(
             "draft", description="score the draft's reduced vocabulary (draft_vocab.json, when the checkpoint has "
             "one) or the target's whole vocabulary (full)")
@@ -98,6 +102,12 @@ class DFlashProposer(Proposer):
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Draft:
         k = min(self.block_size - 1, state.max_draft_tokens)
+        if self.config.lookup and state.batch_size == 1:
+            # the draft's context keeps accumulating in _pending and is read at its next forward
+            found = find_continuation(state.tokens[0].cpu().numpy(), self.config.lookup,
+                                      max(self.config.lookup, 3), k)
+            if found.size:
+                return Draft(tokens=torch.from_numpy(found).to(state.tokens.device).unsqueeze(0))
         length = state.length
         device = state.tokens.device
         block = torch.full((state.batch_size, self.block_size), self.model.config.mask_token_id, dtype=torch.long,
