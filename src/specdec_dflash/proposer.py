@@ -17,7 +17,7 @@ from specdec.target import TargetModel
 
 from .checkpoint import check_against_target, load_draft, read_config
 from .model import DraftCache
-from .vocab import load_vocab
+from .vocab import head_rows, load_vocab
 
 #: the draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
@@ -71,11 +71,8 @@ class DFlashProposer(Proposer):
         self.layer_ids = list(draft_config.target_layer_ids)
         vocab_ids = load_vocab(folder, target.vocab_size) if config.vocab == "draft" else None
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
-        if self.vocab_ids is not None:  # the frozen head's rows for the subset, gathered once, contiguous
-            head = target.lm_head
-            self.head_weight = head.weight.detach()[self.vocab_ids].contiguous()
-            bias = getattr(head, "bias", None)
-            self.head_bias = None if bias is None else bias.detach()[self.vocab_ids].contiguous()
+        if self.vocab_ids is not None:
+            self.head_weight, self.head_bias = head_rows(target.lm_head, self.vocab_ids)
         target.request_taps(self.layer_ids)
         self.reset()
 

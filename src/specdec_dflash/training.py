@@ -23,7 +23,7 @@ from specdec.training.objective import ObjectiveConfig, TrainingObjective
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .model import DFlashConfig, DFlashDraftModel
-from .vocab import label_map, load_vocab, most_frequent, save_vocab
+from .vocab import head_rows, label_map, load_vocab, most_frequent, save_vocab
 
 
 def loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
@@ -170,8 +170,7 @@ class DFlashObjective(TrainingObjective):
         self.vocab_ids = token_ids.to(device)
         self.vocab_source = source
         self.to_draft = label_map(self.vocab_ids, self.target.vocab_size)
-        # the frozen head's rows for the subset, contiguous: a gathered view would be a slow matmul operand
-        self.head_weight = self.target.lm_head.weight.detach()[self.vocab_ids].contiguous()
+        self.head_weight, self.head_bias = head_rows(self.target.lm_head, self.vocab_ids)
 
     def use_data(self, data: DataDir) -> None:
         size = self.config.draft_vocab_size
@@ -186,7 +185,7 @@ class DFlashObjective(TrainingObjective):
         """[..., H] -> [..., V'] logits over the draft vocabulary (the whole one if none was set)."""
         if self.vocab_ids is None:
             return self.target.lm_head(hidden)
-        return F.linear(hidden, self.head_weight)
+        return F.linear(hidden, self.head_weight, self.head_bias)
 
     def draft_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Target token ids -> draft vocabulary indices; -100 (ignored) for tokens outside it or unlabelled."""

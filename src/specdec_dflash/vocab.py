@@ -61,6 +61,14 @@ def load_vocab(folder: str | os.PathLike, vocab_size: int) -> torch.Tensor | Non
     return tensor.sort().values
 
 
+def head_rows(head: torch.nn.Module, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The frozen LM head's weight (and bias) rows for the draft vocabulary, gathered once, contiguous: a
+    gathered view would be a slow matmul operand on every call."""
+    bias = getattr(head, "bias", None)
+    return (head.weight.detach()[token_ids].contiguous(),
+            None if bias is None else bias.detach()[token_ids].contiguous())
+
+
 def label_map(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[V] long: target token id -> index in the draft vocabulary, -1 for tokens outside it."""
     mapping = torch.full((vocab_size,), -1, dtype=torch.long, device=token_ids.device)
