@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 from conftest import tiny_model
-from helpers import RandomProposer
+from helpers import RandomProposer, RandomTreeProposer
 from specdec_kernels.reference import rejection_sample_torch
 
 from specdec import SamplingParams, SpeculativeDecoder, TargetModel
@@ -106,7 +106,7 @@ def test_every_registered_proposer_is_covered(proposer_cases):
 
 
 @pytest.mark.parametrize("name", ["autoregressive", "ngram", "draft", "dflash", "dflash-vocab", "dflash-lookup",
-                                  "test-random"])
+                                  "test-random", "test-random-tree"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.7, top_k=5, top_p=0.9)], ids=["T1", "T07k5p09"])
 def test_sampled_distribution_equals_the_targets(small_target, proposer_cases, name, params):
@@ -114,6 +114,11 @@ def test_sampled_distribution_equals_the_targets(small_target, proposer_cases, n
     if name == "test-random":
         target = TargetModel(small_target)
         decoder = SpeculativeDecoder(target, RandomProposer(RandomProposer.Config(num_tokens=3, seed=5), target))
+    elif name == "test-random-tree":  # random trees over 8 tokens: paths of several tokens are often accepted
+        target = TargetModel(small_target)
+        RandomTreeProposer.reference = []
+        decoder = SpeculativeDecoder(target, RandomTreeProposer(RandomTreeProposer.Config(num_tokens=6, seed=5),
+                                                                target))
     else:
         decoder = SpeculativeDecoder.from_model(small_target, proposer=name.partition("-")[0],
                                                 **proposer_cases[name])

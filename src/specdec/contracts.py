@@ -28,14 +28,23 @@ class Draft:
 
     tokens: LongTensor [B, k]. probs: optional [B, k, V], the distribution each token was drawn from;
     without it the draft is a point mass (the verifier accepts iff the target would have produced it).
+    parents: optional, a tree instead of a chain (see `specdec.tree`): k ints, the index of each token's
+    parent in `tokens` or -1 for a child of the last committed token, parents before children, the same
+    for every row. Tree drafts are point masses (no probs); the verifier follows the target's own choices
+    through the tree, so several candidates cost one target forward.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    parents: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.tokens.shape[-1])
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
 
 
 @dataclass
@@ -67,10 +76,13 @@ class Verdict:
 
     num_accepted: LongTensor [B], how many draft tokens were accepted.
     emitted: LongTensor [B, k+1], the accepted draft tokens then the target's own token, padded with -1.
+    path: for a tree draft, LongTensor [B, k]: the indices of the accepted draft tokens, padded with -1;
+    None for a chain, where they are the first num_accepted.
     """
 
     num_accepted: torch.Tensor
     emitted: torch.Tensor
+    path: torch.Tensor | None = None
 
 
 class Proposer:
@@ -109,6 +121,8 @@ class Verifier:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    #: whether `verify` accepts tree drafts (Draft.parents) and returns Verdict.path for them
+    supports_trees: ClassVar[bool] = False
 
     def verify(
         self,
@@ -140,6 +154,11 @@ class KVCache:
 
     def crop(self, length: int) -> None:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def retain(self, length: int, indices: torch.Tensor) -> None:
+        """After a tree draft: keep the first `length` positions, then those at `length + indices` (the
+        accepted tree nodes, in order), and drop the rest. Caches that cannot only take chain drafts."""
+        raise NotImplementedError(f"The {type(self).name!r} cache cannot keep a tree draft's accepted path.")
 
 
 @dataclass

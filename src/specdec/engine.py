@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import tree
 from .contracts import DecodeState, Draft, Proposer, Verdict, Verifier
 from .errors import PluginError, SpecdecError
 from .sampling import SamplingParams
@@ -108,7 +109,9 @@ class Engine:
                               f"[{state.batch_size}, k].")
         if tokens.dtype not in (torch.int64, torch.int32):
             raise PluginError(f"{name} returned draft tokens of dtype {tokens.dtype}; expected torch.long.")
-        if tokens.shape[1] > state.max_draft_tokens:
+        if draft.parents is not None:
+            self._check_tree(name, draft, state)
+        elif tokens.shape[1] > state.max_draft_tokens:
             raise PluginError(f"{name} proposed {tokens.shape[1]} tokens but at most {state.max_draft_tokens} "
                               "were allowed (state.max_draft_tokens).")
         vocab = self.target.vocab_size
@@ -117,6 +120,26 @@ class Engine:
         if draft.probs is not None and tuple(draft.probs.shape) != (state.batch_size, tokens.shape[1], vocab):
             raise PluginError(f"{name} returned draft probs of shape {tuple(draft.probs.shape)}; expected "
                               f"[{state.batch_size}, {tokens.shape[1]}, {vocab}].")
+
+    def _check_tree(self, name: str, draft: Draft, state: DecodeState) -> None:
+        parents = draft.parents
+        if not isinstance(parents, list) or len(parents) != draft.num_tokens:
+            raise PluginError(f"{name} returned a tree draft whose parents are not a list of {draft.num_tokens} "
+                              "ints, one per draft token.")
+        problem = tree.check_parents(parents)
+        if problem is not None:
+            raise PluginError(f"{name} returned a malformed tree draft: {problem}.")
+        if draft.probs is not None:
+            raise PluginError(f"{name} returned a tree draft with probs; tree drafts must be point masses "
+                              "(leave Draft.probs None).")
+        depth = max(tree.depths(parents), default=0)
+        if depth > state.max_draft_tokens:
+            raise PluginError(f"{name} proposed a tree {depth} tokens deep but at most {state.max_draft_tokens} "
+                              "were allowed (state.max_draft_tokens).")
+        verifier = self.greedy_verifier if state.sampling is None or state.sampling.greedy else self.sampling_verifier
+        if not verifier.supports_trees:
+            raise PluginError(f"{name} returned a tree draft but the verifier {type(verifier).name!r} takes "
+                              "chains only (Verifier.supports_trees).")
 
     def generate(
         self,
@@ -182,13 +205,21 @@ class Engine:
             draft = self.proposer.propose(current) if max_draft > 0 else empty
             self._check_draft(draft, current)
             t1 = time.perf_counter()
-            k = draft.num_tokens
             feed = torch.cat([buffer[:, length - 1: length], draft.tokens.to(buffer.dtype)], dim=1)
-            out = self.target.forward(feed)
+            parents = None if draft.parents is None or tree.is_chain(draft.parents) else draft.parents
+            out = self.target.forward(feed, tree_parents=parents)
             verdict: Verdict = verifier.verify(out.logits, draft, sampling, generator)
             n = int(verdict.num_accepted[0])
             new_tokens = verdict.emitted[0, : n + 1]
-            self.target.crop(length + n)
+            if parents is None:
+                k = draft.num_tokens
+                self.target.crop(length + n)
+            else:  # keep the accepted path in the cache, and show the proposer the chain it became
+                k = max(tree.depths(parents))
+                assert verdict.path is not None, "tree verifiers return the accepted path"
+                path = verdict.path[0, :n].to(device)
+                self.target.retain(length, path)
+                out = out.select(torch.cat([path.new_zeros(1), path + 1]))
             buffer[0, length: length + n + 1] = new_tokens
             length += n + 1
             new_list = new_tokens.tolist()

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import tree
 from .contracts import KVCache
 from .errors import SpecdecError
 
@@ -27,6 +28,13 @@ class TargetOutput:
     def tapped(self, layer_ids: list[int] | tuple[int, ...]) -> torch.Tensor:
         """The requested taps concatenated on the feature axis: [B, n_tokens, len(layer_ids) * H]."""
         return torch.cat([self.taps[i] for i in layer_ids], dim=-1)
+
+    def select(self, positions: torch.Tensor) -> TargetOutput:
+        """The logits and taps at these positions [n] of the forward, in this order (a tree's accepted path
+        seen as the chain it became)."""
+        logits = self.logits[:, positions.to(self.logits.device)]
+        taps = {i: t[:, positions.to(t.device)] for i, t in self.taps.items()}
+        return TargetOutput(logits=logits, taps=taps)
 
 
 class _TapsComplete(Exception):
@@ -140,11 +148,26 @@ class TargetModel:
         assert self._cache is not None
         self._cache.crop(length)
 
+    @torch.inference_mode()  # the cache's tensors were made under it, and are updated in place
+    def retain(self, length: int, indices: torch.Tensor) -> None:
+        """After a tree forward: keep the first `length` cache positions, then the accepted nodes at
+        `length + indices`, in order."""
+        assert self._cache is not None
+        self._cache.retain(length, indices)
+
     @torch.inference_mode()
-    def _run(self, input_ids: torch.Tensor, logits_to_keep: int) -> TargetOutput:
+    def _run(self, input_ids: torch.Tensor, logits_to_keep: int,
+             tree_parents: list[int] | None = None) -> TargetOutput:
         assert self._cache is not None, "call reset() before the first forward"
         start = self._cache.length()
-        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        device = input_ids.device
+        extra: dict[str, Any] = {}
+        if tree_parents is None:
+            positions = torch.arange(start, start + input_ids.shape[1], device=device).unsqueeze(0)
+        else:  # [root, draft...]: each node at its depth, seeing only its ancestors among the new tokens
+            positions = torch.tensor([start] + [start + d for d in tree.depths(tree_parents)], device=device)
+            positions = positions.unsqueeze(0)
+            extra["attention_mask"] = tree.attention_mask(tree_parents, start, self.dtype, device)
         self._captured = {}
         out = self.model(
             input_ids=input_ids,
@@ -152,6 +175,7 @@ class TargetModel:
             use_cache=True,
             logits_to_keep=logits_to_keep,
             **{self._cache_kwarg: self._cache.hf_cache},
+            **extra,
         )
         taps, self._captured = self._captured, {}
         return TargetOutput(logits=out.logits, taps=taps)
@@ -184,6 +208,7 @@ class TargetModel:
         logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)
         return TargetOutput(logits=logits, taps=taps)
 
-    def forward(self, input_ids: torch.Tensor) -> TargetOutput:
-        """Feed [B, n] tokens at the positions following the cache; logits for all n positions."""
-        return self._run(input_ids, logits_to_keep=0)
+    def forward(self, input_ids: torch.Tensor, tree_parents: list[int] | None = None) -> TargetOutput:
+        """Feed [B, n] tokens at the positions following the cache; logits for all n positions. With
+        `tree_parents` (n - 1 ints, see `specdec.tree`) the tokens after the first form a tree under it."""
+        return self._run(input_ids, logits_to_keep=0, tree_parents=tree_parents)

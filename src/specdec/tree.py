@@ -1,0 +1,112 @@
+"""Token trees: several candidate continuations verified in one target forward.
+
+A tree draft is a flat list of k tokens plus `parents` [k]: the index of each token's parent in the
+list, or -1 for a child of the root (the last committed token). Parents come before their children, so
+a chain is parents = [-1, 0, 1, ..., k-2]. The target reads [root, token_0, ..., token_{k-1}] with an
+attention mask that lets each token see the committed context, the root, its ancestors and itself, at
+the position its depth gives (SpecInfer, Miao et al. 2023; Medusa and EAGLE-2 verify trees the same way).
+Verification walks from the root: at each node the target picks its token (argmax, or a sample), and the
+walk moves to the first child holding that token. Every emitted token is the target's own choice given
+exactly the tokens before it, so the output is the same as without the tree, greedy or sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def check_parents(parents: Sequence[int]) -> str | None:
+    """None when `parents` describes a tree (each entry -1 or an earlier index); else what is wrong."""
+    for j, parent in enumerate(parents):
+        if not -1 <= parent < j:
+            return (f"parents[{j}] is {parent}; each token's parent must be -1 (the last committed token) or "
+                    f"the index of an earlier draft token (0..{j - 1})")
+    return None
+
+
+def depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each draft token: 1 for children of the root."""
+    out: list[int] = []
+    for parent in parents:
+        out.append(1 if parent < 0 else out[parent] + 1)
+    return out
+
+
+def is_chain(parents: Sequence[int]) -> bool:
+    return all(parent == j - 1 for j, parent in enumerate(parents))
+
+
+def attention_mask(parents: Sequence[int], past_length: int, dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """Additive mask [1, 1, k+1, past_length + k+1] for the feed [root, draft...] after `past_length` cached
+    positions: 0 where a query may look, the dtype's minimum elsewhere (what eager and SDPA attention add)."""
+    k = len(parents)
+    sees = torch.zeros(k + 1, k + 1, dtype=torch.bool)
+    sees[0, 0] = True
+    for j, parent in enumerate(parents):
+        sees[j + 1] = sees[parent + 1]  # the root is row 0, draft token j is row j + 1
+        sees[j + 1, j + 1] = True
+    allowed = torch.cat([torch.ones(k + 1, past_length, dtype=torch.bool), sees], dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.to(device).view(1, 1, k + 1, past_length + k + 1)
+
+
+def walk(target_tokens: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
+    """Indices of the accepted draft tokens, root first: `target_tokens` [k+1] is the target's choice at the
+    root and after each draft token; the walk follows the first child holding that choice."""
+    children: dict[int, list[int]] = {}
+    for j, parent in enumerate(parents):
+        children.setdefault(parent, []).append(j)
+    path: list[int] = []
+    node = -1
+    while True:
+        wanted = target_tokens[node + 1]
+        node = next((c for c in children.get(node, ()) if tokens[c] == wanted), None)
+        if node is None:
+            return path
+        path.append(node)
+
+
+def verify_tree(target_tokens: torch.Tensor, draft_tokens: torch.Tensor,
+                parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """target_tokens [B, k+1], draft_tokens [B, k] -> (num_accepted [B], emitted [B, k+1], path [B, k]).
+
+    emitted holds the accepted tokens, then the target's token after the last of them, padded with -1;
+    path the accepted draft indices, padded with -1.
+    """
+    batch, k = draft_tokens.shape
+    emitted = torch.full((batch, k + 1), -1, dtype=torch.long)
+    path_out = torch.full((batch, k), -1, dtype=torch.long)
+    counts = torch.zeros(batch, dtype=torch.long)
+    chosen, drafted = target_tokens.tolist(), draft_tokens.tolist()  # one host transfer for the whole walk
+    for b in range(batch):
+        path = walk(chosen[b], drafted[b], parents)
+        last = path[-1] if path else -1
+        n = len(path)
+        counts[b] = n
+        if n:
+            path_out[b, :n] = torch.tensor(path)
+            emitted[b, :n] = torch.tensor([drafted[b][j] for j in path])
+        emitted[b, n] = chosen[b][last + 1]
+    device = draft_tokens.device
+    return counts.to(device), emitted.to(device), path_out.to(device)
+
+
+def from_paths(paths: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Merge candidate continuations into a trie: (tokens, parents), shared prefixes stored once, candidates
+    in the order given (so the first candidate's tokens come first among siblings)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    for path in paths:
+        node = -1
+        for token in path:
+            key = (node, int(token))
+            if key not in index:
+                index[key] = len(tokens)
+                tokens.append(int(token))
+                parents.append(node)
+            node = index[key]
+    return tokens, parents
