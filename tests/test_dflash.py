@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import plain_greedy, tiny_model
@@ -216,6 +217,24 @@ def test_block_size_option(tmp_path, target):
         [9, 10], max_new_tokens=15)
     assert out.token_ids == plain_greedy(target, [9, 10], 15)
     assert max(out.stats.acceptance_lengths) <= 3
+
+
+def test_tree_keeps_the_chain_and_adds_the_likeliest_runner_ups(tmp_path, target):
+    folder = write_draft(tmp_path, seed=8, block_size=4)
+    proposer = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), branches=2,
+                                             lookup=1).engine.proposer
+    logq = torch.full((3, VOCAB), -30.0)
+    # slot 0: 7 (0.6) then 8 (0.3); slot 1: 9 (0.9) then 10 (0.05); slot 2: 11 (0.5) then 12 (0.45)
+    for slot, token, q in [(0, 7, 0.6), (0, 8, 0.3), (1, 9, 0.9), (1, 10, 0.05), (2, 11, 0.5), (2, 12, 0.45)]:
+        logq[slot, token] = math.log(q)
+    draft = proposer._tree(logq, None)
+    # runner-up estimates: 8 -> 0.3, 10 -> 0.6 * 0.05 = 0.03, 12 -> 0.6 * 0.9 * 0.45 = 0.243: 8 and 12 win
+    assert draft.tokens.tolist() == [[7, 9, 11, 8, 12]]
+    assert draft.parents == [-1, 0, 1, -1, 1]
+    # a prompt-lookup continuation joins the tree, sharing the chain's prefix where they agree
+    draft = proposer._tree(logq, np.array([7, 3]))
+    assert draft.tokens.tolist() == [[7, 3, 9, 11, 8, 12]]
+    assert draft.parents == [-1, 0, 0, 2, -1, 2]
 
 
 @pytest.mark.parametrize("fmt", ["zlab", "speculators"])

@@ -86,7 +86,8 @@ def proposer_cases(tmp_path_factory, small_target):
     save_vocab(torch.arange(0, VOCAB, 3), reduced_dir)
     return {"autoregressive": {}, "ngram": {"num_tokens": 3, "min_n": 1, "max_n": 2},
             "draft": {"draft": str(draft_dir), "num_tokens": 3}, "dflash": {"draft": str(dflash_dir)},
-            "dflash-vocab": {"draft": str(reduced_dir)}, "dflash-lookup": {"draft": str(dflash_dir), "lookup": 1}}
+            "dflash-vocab": {"draft": str(reduced_dir)}, "dflash-lookup": {"draft": str(dflash_dir), "lookup": 1},
+            "dflash-tree": {"draft": str(reduced_dir), "branches": 2, "lookup": 1}}
 
 
 def sample_counts(decoder, prompt, steps, params, runs):
@@ -106,7 +107,7 @@ def test_every_registered_proposer_is_covered(proposer_cases):
 
 
 @pytest.mark.parametrize("name", ["autoregressive", "ngram", "draft", "dflash", "dflash-vocab", "dflash-lookup",
-                                  "test-random", "test-random-tree"])
+                                  "dflash-tree", "test-random", "test-random-tree"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.7, top_k=5, top_p=0.9)], ids=["T1", "T07k5p09"])
 def test_sampled_distribution_equals_the_targets(small_target, proposer_cases, name, params):

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict
+from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict, tree
 from specdec.errors import SpecdecError
 from specdec.proposers.ngram import find_continuation
 from specdec.sampling import logits_to_probs
@@ -39,7 +40,10 @@ class DFlashProposer(Proposer):
             "to the verifier (sample), or draft argmax tokens as point masses, as z-lab's reference does (greedy)")
         lookup: int = Field(0, ge=0, description="0 = off; N >= 1: when the last N to max(N, 3) tokens occurred "
                             "earlier in prompt + output, propose what followed them (prompt lookup) that step "
-                            "instead of running the draft")
+                            "instead of running the draft (with branches > 0: beside the draft, in one tree)")
+        branches: int = Field(0, ge=0, description="0 = a chain; N >= 1: also verify the N runner-up tokens the "
+                              "draft deems likeliest to be the one accepted, as a tree (point-mass drafts at any "
+                              "temperature)")
         vocab: Literal["draft", "full"] = Field(
             "draft", description="score the draft's reduced vocabulary (draft_vocab.json, when the checkpoint has "
             "one) or the target's whole vocabulary (full)")
@@ -99,11 +103,12 @@ class DFlashProposer(Proposer):
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Draft:
         k = min(self.block_size - 1, state.max_draft_tokens)
+        found = None
         if self.config.lookup and state.batch_size == 1:
-            # the draft's context keeps accumulating in _pending and is read at its next forward
             found = find_continuation(state.tokens[0].cpu().numpy(), self.config.lookup,
                                       max(self.config.lookup, 3), k)
-            if found.size:
+            if found.size and not self.config.branches:
+                # the draft's context keeps accumulating in _pending and is read at its next forward
                 return Draft(tokens=torch.from_numpy(found).to(state.tokens.device).unsqueeze(0))
         length = state.length
         device = state.tokens.device
@@ -123,6 +128,8 @@ class DFlashProposer(Proposer):
             logits = self.target.lm_head(hidden)[:, 1: 1 + k]  # [B, k, V]
         else:  # [B, k, V'], V' = the draft vocabulary
             logits = F.linear(hidden, self.head_weight, self.head_bias)[:, 1: 1 + k]
+        if self.config.branches and state.batch_size == 1:
+            return self._tree(logits[0], found)
         sampling = state.sampling
         if sampling is None or sampling.greedy or self.config.drafting == "greedy":
             # a point mass: the verifier needs no draft probs. max(...).indices is argmax (first index on ties)
@@ -134,6 +141,24 @@ class DFlashProposer(Proposer):
             full = probs.new_zeros(*probs.shape[:-1], self.target.vocab_size)
             probs = full.index_copy_(-1, self.vocab_ids, probs)
         return Draft(tokens=self._to_target_ids(picks), probs=probs)
+
+    def _tree(self, logits: torch.Tensor, lookup: np.ndarray | None) -> Draft:
+        """The argmax chain plus the `branches` runner-ups with the highest draft estimate of being accepted:
+        P(chain accepted up to their slot) * q(token) (EAGLE-2's expansion by confidence, one level deep, as
+        a block drafter scores every slot at once), and the prompt-lookup continuation when there is one."""
+        logq = logits.float().log_softmax(dim=-1)  # [k, V']
+        width = min(self.config.branches + 1, logq.shape[-1])
+        top = logq.topk(width, dim=-1)  # [k, width], best first
+        reach = torch.cat([logq.new_zeros(1), top.values[:, 0].cumsum(0)[:-1]])  # log P(chain accepted to j)
+        score = (reach.unsqueeze(1) + top.values)[:, 1:].flatten()  # runner-ups only
+        picks = score.topk(min(self.config.branches, score.numel())).indices.tolist() if width > 1 else []
+        ids = self._to_target_ids(top.indices).tolist()  # [k][width], target token ids
+        chain = [row[0] for row in ids]
+        paths = [] if lookup is None or not lookup.size else [lookup.tolist()]
+        paths.append(chain)
+        paths += [chain[: i // (width - 1)] + [ids[i // (width - 1)][1 + i % (width - 1)]] for i in sorted(picks)]
+        tokens, parents = tree.from_paths(paths)
+        return Draft(tokens=torch.tensor([tokens], device=logits.device), parents=parents)
 
     def _to_target_ids(self, indices: torch.Tensor) -> torch.Tensor:
         return indices if self.vocab_ids is None else self.vocab_ids[indices]
