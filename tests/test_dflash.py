@@ -219,22 +219,22 @@ def test_block_size_option(tmp_path, target):
     assert max(out.stats.acceptance_lengths) <= 3
 
 
-def test_tree_keeps_the_chain_and_adds_the_likeliest_runner_ups(tmp_path, target):
+def test_tree_takes_the_tokens_likeliest_to_be_accepted(tmp_path, target):
     folder = write_draft(tmp_path, seed=8, block_size=4)
-    proposer = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), branches=2,
+    proposer = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=5,
                                              lookup=1).engine.proposer
-    logq = torch.full((3, VOCAB), -30.0)
-    # slot 0: 7 (0.6) then 8 (0.3); slot 1: 9 (0.9) then 10 (0.05); slot 2: 11 (0.5) then 12 (0.45)
-    for slot, token, q in [(0, 7, 0.6), (0, 8, 0.3), (1, 9, 0.9), (1, 10, 0.05), (2, 11, 0.5), (2, 12, 0.45)]:
+    logq = torch.full((3, VOCAB), -40.0)
+    for slot, token, q in [(0, 7, 0.6), (0, 8, 0.4), (1, 9, 0.9), (1, 10, 0.1), (2, 11, 0.55), (2, 12, 0.45)]:
         logq[slot, token] = math.log(q)
     draft = proposer._tree(logq, None)
-    # runner-up estimates: 8 -> 0.3, 10 -> 0.6 * 0.05 = 0.03, 12 -> 0.6 * 0.9 * 0.45 = 0.243: 8 and 12 win
-    assert draft.tokens.tolist() == [[7, 9, 11, 8, 12]]
-    assert draft.parents == [-1, 0, 1, -1, 1]
+    # estimates: 7: .6, 7-9: .54, 8: .4, 8-9: .36 (a runner-up, then the chain), 7-9-11: .297; next would be
+    # 7-9-12: .243, 8-9-11: .198, 7-10: .06
+    assert draft.tokens.tolist() == [[7, 9, 8, 9, 11]]
+    assert draft.parents == [-1, 0, -1, 2, 1]
     # a prompt-lookup continuation joins the tree, sharing the chain's prefix where they agree
     draft = proposer._tree(logq, np.array([7, 3]))
-    assert draft.tokens.tolist() == [[7, 3, 9, 11, 8, 12]]
-    assert draft.parents == [-1, 0, 0, 2, -1, 2]
+    assert draft.tokens.tolist() == [[7, 3, 9, 8, 9, 11]]
+    assert draft.parents == [-1, 0, 0, -1, 3, 2]
 
 
 @pytest.mark.parametrize("fmt", ["zlab", "speculators"])

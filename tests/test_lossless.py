@@ -59,8 +59,8 @@ def registered_cases(draft_dir, dflash_dirs):
         elif name == "dflash":
             cases += [(name, {"draft": d}) for d in dflash_dirs]
             cases.append((name, {"draft": dflash_dirs[1], "lookup": 1}))  # prompt lookup on steps with a match
-            cases.append((name, {"draft": dflash_dirs[1], "branches": 3}))  # a tree: chain + 3 runner-ups
-            cases.append((name, {"draft": dflash_dirs[2], "branches": 5, "lookup": 1}))  # + lookup, reduced vocab
+            cases.append((name, {"draft": dflash_dirs[1], "tree_size": 9}))  # a tree of 9 tokens
+            cases.append((name, {"draft": dflash_dirs[2], "tree_size": 12, "lookup": 1}))  # + lookup, reduced vocab
         elif name == "ngram":
             cases += [(name, {}), (name, {"num_tokens": 2, "min_n": 1, "max_n": 1})]
         else:

@@ -87,7 +87,7 @@ def proposer_cases(tmp_path_factory, small_target):
     return {"autoregressive": {}, "ngram": {"num_tokens": 3, "min_n": 1, "max_n": 2},
             "draft": {"draft": str(draft_dir), "num_tokens": 3}, "dflash": {"draft": str(dflash_dir)},
             "dflash-vocab": {"draft": str(reduced_dir)}, "dflash-lookup": {"draft": str(dflash_dir), "lookup": 1},
-            "dflash-tree": {"draft": str(reduced_dir), "branches": 2, "lookup": 1}}
+            "dflash-tree": {"draft": str(reduced_dir), "tree_size": 6, "lookup": 1}}
 
 
 def sample_counts(decoder, prompt, steps, params, runs):

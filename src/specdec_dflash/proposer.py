@@ -20,6 +20,9 @@ from .checkpoint import check_against_target, load_draft, read_config
 from .model import DraftCache
 from .vocab import head_rows, load_vocab
 
+#: runner-up tokens per slot a tree may branch to (`tree_size`); more rarely pays: their estimates fall fast
+TREE_RUNNER_UPS = 4
+
 #: the draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
 
@@ -40,10 +43,10 @@ class DFlashProposer(Proposer):
             "to the verifier (sample), or draft argmax tokens as point masses, as z-lab's reference does (greedy)")
         lookup: int = Field(0, ge=0, description="0 = off; N >= 1: when the last N to max(N, 3) tokens occurred "
                             "earlier in prompt + output, propose what followed them (prompt lookup) that step "
-                            "instead of running the draft (with branches > 0: beside the draft, in one tree)")
-        branches: int = Field(0, ge=0, description="0 = a chain; N >= 1: also verify the N runner-up tokens the "
-                              "draft deems likeliest to be the one accepted, as a tree (point-mass drafts at any "
-                              "temperature)")
+                            "instead of running the draft (with tree_size > 0: beside the draft, in one tree)")
+        tree_size: int = Field(0, ge=0, description="0 = a chain; N >= 1: verify the N draft tokens likeliest "
+                               "to be accepted as a tree: the chain and runner-ups at each slot followed by the rest "
+                               "of the chain (point-mass drafts at any temperature)")
         vocab: Literal["draft", "full"] = Field(
             "draft", description="score the draft's reduced vocabulary (draft_vocab.json, when the checkpoint has "
             "one) or the target's whole vocabulary (full)")
@@ -107,7 +110,7 @@ class DFlashProposer(Proposer):
         if self.config.lookup and state.batch_size == 1:
             found = find_continuation(state.tokens[0].cpu().numpy(), self.config.lookup,
                                       max(self.config.lookup, 3), k)
-            if found.size and not self.config.branches:
+            if found.size and not self.config.tree_size:
                 # the draft's context keeps accumulating in _pending and is read at its next forward
                 return Draft(tokens=torch.from_numpy(found).to(state.tokens.device).unsqueeze(0))
         length = state.length
@@ -128,7 +131,7 @@ class DFlashProposer(Proposer):
             logits = self.target.lm_head(hidden)[:, 1: 1 + k]  # [B, k, V]
         else:  # [B, k, V'], V' = the draft vocabulary
             logits = F.linear(hidden, self.head_weight, self.head_bias)[:, 1: 1 + k]
-        if self.config.branches and state.batch_size == 1:
+        if self.config.tree_size and state.batch_size == 1:
             return self._tree(logits[0], found)
         sampling = state.sampling
         if sampling is None or sampling.greedy or self.config.drafting == "greedy":
@@ -143,20 +146,28 @@ class DFlashProposer(Proposer):
         return Draft(tokens=self._to_target_ids(picks), probs=probs)
 
     def _tree(self, logits: torch.Tensor, lookup: np.ndarray | None) -> Draft:
-        """The argmax chain plus the `branches` runner-ups with the highest draft estimate of being accepted:
-        P(chain accepted up to their slot) * q(token) (EAGLE-2's expansion by confidence, one level deep, as
-        a block drafter scores every slot at once), and the prompt-lookup continuation when there is one."""
+        """The `tree_size` draft tokens likeliest to be accepted, as a tree, plus the prompt-lookup continuation
+        when there is one. Candidates are the argmax chain and, at each slot, a runner-up token followed by
+        the rest of the chain; a node's estimate is the product of the draft's probabilities along its path
+        (EAGLE-2's expansion by confidence; a block drafter scores every slot at once, so the estimate treats
+        slots as independent). Estimates only shrink along a path, so the best nodes form a tree."""
         logq = logits.float().log_softmax(dim=-1)  # [k, V']
-        width = min(self.config.branches + 1, logq.shape[-1])
-        top = logq.topk(width, dim=-1)  # [k, width], best first
-        reach = torch.cat([logq.new_zeros(1), top.values[:, 0].cumsum(0)[:-1]])  # log P(chain accepted to j)
-        score = (reach.unsqueeze(1) + top.values)[:, 1:].flatten()  # runner-ups only
-        picks = score.topk(min(self.config.branches, score.numel())).indices.tolist() if width > 1 else []
-        ids = self._to_target_ids(top.indices).tolist()  # [k][width], target token ids
-        chain = [row[0] for row in ids]
-        paths = [] if lookup is None or not lookup.size else [lookup.tolist()]
-        paths.append(chain)
-        paths += [chain[: i // (width - 1)] + [ids[i // (width - 1)][1 + i % (width - 1)]] for i in sorted(picks)]
+        width = min(1 + TREE_RUNNER_UPS, logq.shape[-1])
+        top = logq.topk(width, dim=-1)  # best first
+        values, ids = top.values.tolist(), self._to_target_ids(top.indices).tolist()
+        chain, best = [row[0] for row in ids], [row[0] for row in values]
+        candidates: list[tuple[float, list[int]]] = []  # (log estimate, path from the root)
+        for j in range(len(chain)):
+            for r in range(0 if j == 0 else 1, width):  # rank 0 at slot 0 starts the chain itself
+                estimate, path = sum(best[:j]) + values[j][r], chain[:j] + [ids[j][r]]
+                candidates.append((estimate, path))
+                for d in range(j + 1, len(chain)):  # then the rest of the chain
+                    estimate, path = estimate + best[d], path + [chain[d]]
+                    candidates.append((estimate, path))
+        candidates.sort(key=lambda c: (-c[0], len(c[1])))  # a parent before its children, even on ties
+        paths = [path for _, path in candidates[: self.config.tree_size]]
+        if lookup is not None and lookup.size:
+            paths.insert(0, lookup.tolist())
         tokens, parents = tree.from_paths(paths)
         return Draft(tokens=torch.tensor([tokens], device=logits.device), parents=parents)
 
