@@ -226,13 +226,13 @@ def test_tree_takes_the_tokens_likeliest_to_be_accepted(tmp_path, target):
     logq = torch.full((3, VOCAB), -40.0)
     for slot, token, q in [(0, 7, 0.6), (0, 8, 0.4), (1, 9, 0.9), (1, 10, 0.1), (2, 11, 0.55), (2, 12, 0.45)]:
         logq[slot, token] = math.log(q)
-    draft = proposer._tree(logq, None)
+    draft = proposer._tree(logq, [])
     # estimates: 7: .6, 7-9: .54, 8: .4, 8-9: .36 (a runner-up, then the chain), 7-9-11: .297; next would be
     # 7-9-12: .243, 8-9-11: .198, 7-10: .06
     assert draft.tokens.tolist() == [[7, 9, 8, 9, 11]]
     assert draft.parents == [-1, 0, -1, 2, 1]
     # a prompt-lookup continuation joins the tree, sharing the chain's prefix where they agree
-    draft = proposer._tree(logq, np.array([7, 3]))
+    draft = proposer._tree(logq, [np.array([7, 3])])
     assert draft.tokens.tolist() == [[7, 3, 9, 8, 9, 11]]
     assert draft.parents == [-1, 0, 0, -1, 3, 2]
 

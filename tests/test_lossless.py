@@ -62,7 +62,7 @@ def registered_cases(draft_dir, dflash_dirs):
             cases.append((name, {"draft": dflash_dirs[1], "tree_size": 9}))  # a tree of 9 tokens
             cases.append((name, {"draft": dflash_dirs[2], "tree_size": 12, "lookup": 1}))  # + lookup, reduced vocab
         elif name == "ngram":
-            cases += [(name, {}), (name, {"num_tokens": 2, "min_n": 1, "max_n": 1})]
+            cases += [(name, {}), (name, {"num_tokens": 2, "min_n": 1, "max_n": 1}), (name, {"candidates": 3})]
         else:
             cases.append((name, {}))
     return cases
@@ -187,3 +187,15 @@ def test_ngram_lookup_prefers_the_longest_then_latest_or_earliest_match():
     assert find_continuation(tokens, 1, 3, 2, latest=False).tolist() == [1, 5]  # first match at 0
     assert find_continuation(tokens, 1, 1, 3).tolist() == [3, 5, 6]  # only 1-grams: latest earlier 6 at 7
     assert find_continuation(np.array([1, 2, 3]), 1, 3, 4).tolist() == []  # no match: no draft
+
+
+def test_ngram_candidates_are_distinct_longest_match_first():
+    import numpy as np
+
+    from specdec.proposers.ngram import find_continuations
+
+    tokens = np.array([5, 6, 1, 5, 6, 2, 9, 6, 3, 5, 6])
+    # (5, 6) matched at 3 then 0; then the 1-gram (6) at 7 (its continuation 3 is new), at 4 and 1 (repeats)
+    found = find_continuations(tokens, 1, 3, 2, limit=5)
+    assert [f.tolist() for f in found] == [[2, 9], [1, 5], [3, 5]]
+    assert [f.tolist() for f in find_continuations(tokens, 1, 3, 2, limit=2)] == [[2, 9], [1, 5]]

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict, tree
 from specdec.errors import SpecdecError
-from specdec.proposers.ngram import find_continuation
+from specdec.proposers.ngram import find_continuations
 from specdec.sampling import logits_to_probs
 from specdec.target import TargetModel
 
@@ -22,6 +22,9 @@ from .vocab import head_rows, load_vocab
 
 #: runner-up tokens per slot a tree may branch to (`tree_size`); more rarely pays: their estimates fall fast
 TREE_RUNNER_UPS = 4
+
+#: prompt-lookup continuations (distinct earlier matches) a tree verifies beside the draft's candidates
+LOOKUP_CANDIDATES = 3
 
 #: the draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
@@ -106,13 +109,14 @@ class DFlashProposer(Proposer):
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Draft:
         k = min(self.block_size - 1, state.max_draft_tokens)
-        found = None
+        found: list[np.ndarray] = []
         if self.config.lookup and state.batch_size == 1:
-            found = find_continuation(state.tokens[0].cpu().numpy(), self.config.lookup,
-                                      max(self.config.lookup, 3), k)
-            if found.size and not self.config.tree_size:
+            limit = LOOKUP_CANDIDATES if self.config.tree_size else 1
+            found = find_continuations(state.tokens[0].cpu().numpy(), self.config.lookup,
+                                       max(self.config.lookup, 3), k, limit)
+            if found and not self.config.tree_size:
                 # the draft's context keeps accumulating in _pending and is read at its next forward
-                return Draft(tokens=torch.from_numpy(found).to(state.tokens.device).unsqueeze(0))
+                return Draft(tokens=torch.from_numpy(found[0]).to(state.tokens.device).unsqueeze(0))
         length = state.length
         device = state.tokens.device
         block = torch.full((state.batch_size, self.block_size), self.model.config.mask_token_id, dtype=torch.long,
@@ -145,12 +149,13 @@ class DFlashProposer(Proposer):
             probs = full.index_copy_(-1, self.vocab_ids, probs)
         return Draft(tokens=self._to_target_ids(picks), probs=probs)
 
-    def _tree(self, logits: torch.Tensor, lookup: np.ndarray | None) -> Draft:
-        """The `tree_size` draft tokens likeliest to be accepted, as a tree, plus the prompt-lookup continuation
-        when there is one. Candidates are the argmax chain and, at each slot, a runner-up token followed by
-        the rest of the chain; a node's estimate is the product of the draft's probabilities along its path
-        (EAGLE-2's expansion by confidence; a block drafter scores every slot at once, so the estimate treats
-        slots as independent). Estimates only shrink along a path, so the best nodes form a tree."""
+    def _tree(self, logits: torch.Tensor, lookup: list[np.ndarray]) -> Draft:
+        """The `tree_size` draft tokens likeliest to be accepted, as a tree, plus the prompt-lookup
+        continuations in `lookup`. Candidates are the argmax chain and, at each slot, a runner-up token
+        followed by the rest of the chain; a node's estimate is the product of the draft's probabilities
+        along its path (EAGLE-2's expansion by confidence; a block drafter scores every slot at once, so the
+        estimate treats slots as independent). Estimates only shrink along a path, so the best nodes form a
+        tree."""
         logq = logits.float().log_softmax(dim=-1)  # [k, V']
         width = min(1 + TREE_RUNNER_UPS, logq.shape[-1])
         top = logq.topk(width, dim=-1)  # best first
@@ -166,8 +171,7 @@ class DFlashProposer(Proposer):
                     candidates.append((estimate, path))
         candidates.sort(key=lambda c: (-c[0], len(c[1])))  # a parent before its children, even on ties
         paths = [path for _, path in candidates[: self.config.tree_size]]
-        if lookup is not None and lookup.size:
-            paths.insert(0, lookup.tolist())
+        paths = [c.tolist() for c in lookup] + paths
         tokens, parents = tree.from_paths(paths)
         return Draft(tokens=torch.tensor([tokens], device=logits.device), parents=parents)
 
