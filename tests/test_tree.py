@@ -199,3 +199,18 @@ def test_sampled_tree_walk_draws_each_path_with_the_targets_probability():
     counts = torch.tensor([seen.count(o) for o in outcomes], dtype=torch.float64)
     assert counts.sum() == rows
     assert chi_square_p_value(counts, torch.tensor([law[o] for o in outcomes])) > ALPHA
+
+
+def test_a_sliding_window_target_refuses_trees_before_the_forward():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from specdec import SpecdecError
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=4, max_position_embeddings=64)
+    target = TargetModel(MistralForCausalLM(config).eval())
+    proposer = _Fixed(_Fixed.Config(), target)
+    proposer.draft = Draft(tokens=torch.tensor([[1, 2]]), parents=[-1, -1])
+    with pytest.raises(SpecdecError, match="cannot keep a tree's accepted path"):
+        SpeculativeDecoder(target, proposer).generate_ids([1, 2], max_new_tokens=5)

@@ -33,13 +33,18 @@ class DynamicKVCache(KVCache):
         if excess > 0:
             self._cache.crop(-excess)
 
-    def retain(self, length: int, indices: torch.Tensor) -> None:
+    @property
+    def can_retain(self) -> bool:
         from transformers.cache_utils import DynamicLayer
 
+        # a sliding-window layer keeps only its window, so positions cannot be picked out of it
+        return all(type(layer) is DynamicLayer for layer in self._cache.layers)
+
+    def retain(self, length: int, indices: torch.Tensor) -> None:
+        if not self.can_retain:
+            raise NotImplementedError(f"The {self.name!r} cache cannot keep a tree draft's accepted path for "
+                                      "sliding-window layers.")
         for layer in self._cache.layers:
-            if type(layer) is not DynamicLayer:  # a sliding window keeps a ring, not a prefix
-                raise NotImplementedError(f"The {self.name!r} cache cannot keep a tree draft's accepted path for "
-                                          f"{type(layer).__name__} layers; use a chain draft with this model.")
             if not layer.is_initialized:
                 continue
             n = int(indices.shape[0])

@@ -155,6 +155,11 @@ class KVCache:
     def crop(self, length: int) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
+    @property
+    def can_retain(self) -> bool:
+        """Whether `retain` works for this model's layers; tree drafts need it."""
+        return False
+
     def retain(self, length: int, indices: torch.Tensor) -> None:
         """After a tree draft: keep the first `length` positions, then those at `length + indices` (the
         accepted tree nodes, in order), and drop the rest. Caches that cannot only take chain drafts."""

@@ -136,6 +136,10 @@ class Engine:
         if depth > state.max_draft_tokens:
             raise PluginError(f"{name} proposed a tree {depth} tokens deep but at most {state.max_draft_tokens} "
                               "were allowed (state.max_draft_tokens).")
+        if not self.target.can_retain:
+            raise SpecdecError(f"{name} returned a tree draft, but the target's KV cache cannot keep a "
+                               "tree's accepted path for this model (sliding-window attention); use a chain draft "
+                               "(for dflash: tree_size=0; for ngram: candidates=1).")
         verifier = self.greedy_verifier if state.sampling is None or state.sampling.greedy else self.sampling_verifier
         if not verifier.supports_trees:
             raise PluginError(f"{name} returned a tree draft but the verifier {type(verifier).name!r} takes "

@@ -148,6 +148,11 @@ class TargetModel:
         assert self._cache is not None
         self._cache.crop(length)
 
+    @property
+    def can_retain(self) -> bool:
+        """Whether the cache can keep a tree draft's accepted path (see `KVCache.retain`)."""
+        return self._cache is not None and self._cache.can_retain
+
     @torch.inference_mode()  # the cache's tensors were made under it, and are updated in place
     def retain(self, length: int, indices: torch.Tensor) -> None:
         """After a tree forward: keep the first `length` cache positions, then the accepted nodes at
