@@ -109,7 +109,7 @@ def test_cached_proposer_matches_full_recompute(tmp_path, target, layers, block,
                          sliding_window=window)
     weights = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
     cfg = json.loads((folder / "config.json").read_text())
-    decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder))
+    decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=0, lookup=0)
     seen = []
     original = decoder.proposer.propose
 
@@ -213,8 +213,8 @@ def test_block_size_option(tmp_path, target):
     folder = write_draft(tmp_path, seed=8, block_size=6)
     with pytest.raises(SpecdecError, match="block_size 8 is larger than the 6"):
         SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), block_size=8)
-    out = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), block_size=3).generate_ids(
-        [9, 10], max_new_tokens=15)
+    out = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), block_size=3,
+                                        lookup=0).generate_ids([9, 10], max_new_tokens=15)
     assert out.token_ids == plain_greedy(target, [9, 10], 15)
     assert max(out.stats.acceptance_lengths) <= 3
 

@@ -57,10 +57,10 @@ def registered_cases(draft_dir, dflash_dirs):
         if name == "draft":
             cases += [(name, {"draft": draft_dir, "num_tokens": k}) for k in (1, 3)]
         elif name == "dflash":
-            cases += [(name, {"draft": d}) for d in dflash_dirs]
-            cases.append((name, {"draft": dflash_dirs[1], "lookup": 1}))  # prompt lookup on steps with a match
-            cases.append((name, {"draft": dflash_dirs[1], "tree_size": 9}))  # a tree of 9 tokens
-            cases.append((name, {"draft": dflash_dirs[2], "tree_size": 12, "lookup": 1}))  # + lookup, reduced vocab
+            cases += [(name, {"draft": d, "tree_size": 0, "lookup": 0}) for d in dflash_dirs]  # the paper's chain
+            cases.append((name, {"draft": dflash_dirs[1], "tree_size": 0, "lookup": 1}))  # + lookup on matches
+            cases.append((name, {"draft": dflash_dirs[1], "tree_size": 9, "lookup": 0}))  # a tree of 9 tokens
+            cases += [(name, {"draft": d}) for d in dflash_dirs]  # the defaults: tree and lookup together
         elif name == "ngram":
             cases += [(name, {}), (name, {"num_tokens": 2, "min_n": 1, "max_n": 1}), (name, {"candidates": 3})]
         else:
@@ -105,7 +105,8 @@ def test_each_builtin_on_a_repetitive_prompt(draft_dir, dflash_dirs, name):
 def test_dflash_with_prompt_lookup_on_a_repetitive_prompt(dflash_dirs, lookup):
     model = model_for("llama", 1)
     prompt = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9]
-    decoder = SpeculativeDecoder.from_model(model, proposer="dflash", draft=dflash_dirs[2], lookup=lookup)
+    decoder = SpeculativeDecoder.from_model(model, proposer="dflash", draft=dflash_dirs[2], lookup=lookup,
+                                            tree_size=0)
     out = decoder.generate_ids(prompt, max_new_tokens=40)
     assert out.token_ids == plain_greedy(model, prompt, 40)
 

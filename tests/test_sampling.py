@@ -87,7 +87,9 @@ def proposer_cases(tmp_path_factory, small_target):
     return {"autoregressive": {}, "ngram": {"num_tokens": 3, "min_n": 1, "max_n": 2},
             "ngram-tree": {"num_tokens": 3, "min_n": 1, "max_n": 2, "candidates": 3},
             "draft": {"draft": str(draft_dir), "num_tokens": 3}, "dflash": {"draft": str(dflash_dir)},
-            "dflash-vocab": {"draft": str(reduced_dir)}, "dflash-lookup": {"draft": str(dflash_dir), "lookup": 1},
+            "dflash-chain": {"draft": str(dflash_dir), "tree_size": 0, "lookup": 0},  # sampled drafts, with q
+            "dflash-vocab": {"draft": str(reduced_dir), "tree_size": 0, "lookup": 0},
+            "dflash-lookup": {"draft": str(dflash_dir), "tree_size": 0, "lookup": 1},
             "dflash-tree": {"draft": str(reduced_dir), "tree_size": 6, "lookup": 1}}
 
 
@@ -107,8 +109,8 @@ def test_every_registered_proposer_is_covered(proposer_cases):
     assert set(get_registry().proposers) <= set(proposer_cases)
 
 
-@pytest.mark.parametrize("name", ["autoregressive", "ngram", "ngram-tree", "draft", "dflash", "dflash-vocab",
-                                  "dflash-lookup", "dflash-tree", "test-random", "test-random-tree"])
+@pytest.mark.parametrize("name", ["autoregressive", "ngram", "ngram-tree", "draft", "dflash", "dflash-chain",
+                                  "dflash-vocab", "dflash-lookup", "dflash-tree", "test-random", "test-random-tree"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.7, top_k=5, top_p=0.9)], ids=["T1", "T07k5p09"])
 def test_sampled_distribution_equals_the_targets(small_target, proposer_cases, name, params):

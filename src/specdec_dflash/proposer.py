@@ -26,6 +26,9 @@ TREE_RUNNER_UPS = 4
 #: prompt-lookup continuations (distinct earlier matches) a tree verifies beside the draft's candidates
 LOOKUP_CANDIDATES = 3
 
+#: the most tokens a prompt-lookup continuation proposes (beyond the draft's block when that is shorter)
+LOOKUP_TOKENS = 10
+
 #: the draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
 
@@ -42,14 +45,15 @@ class DFlashProposer(Proposer):
         draft: str | None = Field(None, description="DFlash checkpoint folder (default: the shipped SmolLM2 draft)")
         block_size: int | None = Field(None, ge=2, description="block size, at most the trained one")
         drafting: Literal["sample", "greedy"] = Field(
-            "sample", description="at temperature > 0: sample drafts from the draft's own distribution and pass it "
-            "to the verifier (sample), or draft argmax tokens as point masses, as z-lab's reference does (greedy)")
-        lookup: int = Field(0, ge=0, description="0 = off; N >= 1: when the last N to max(N, 3) tokens occurred "
-                            "earlier in prompt + output, propose what followed them (prompt lookup) that step "
-                            "instead of running the draft (with tree_size > 0: beside the draft, in one tree)")
-        tree_size: int = Field(0, ge=0, description="0 = a chain; N >= 1: verify the N draft tokens likeliest "
-                               "to be accepted as a tree: the chain and runner-ups at each slot followed by the rest "
-                               "of the chain (point-mass drafts at any temperature)")
+            "sample", description="at temperature > 0 with tree_size=0: sample drafts from the draft's own "
+            "distribution and pass it to the verifier (sample), or draft argmax tokens as point masses, as z-lab's "
+            "reference does (greedy)")
+        lookup: int = Field(1, ge=0, description="0 = off; N >= 1: when the last N to max(N, 3) tokens occurred "
+                            "earlier in prompt + output, also verify what followed them (prompt lookup, up to 3 "
+                            "continuations with a tree, else one instead of running the draft)")
+        tree_size: int = Field(16, ge=0, description="N >= 1: verify the N draft tokens likeliest to be accepted "
+                               "as a tree: the chain and runner-ups at each slot followed by the rest of the chain "
+                               "(point-mass drafts at any temperature); 0 = the draft's argmax chain, as the paper")
         vocab: Literal["draft", "full"] = Field(
             "draft", description="score the draft's reduced vocabulary (draft_vocab.json, when the checkpoint has "
             "one) or the target's whole vocabulary (full)")
@@ -112,8 +116,9 @@ class DFlashProposer(Proposer):
         found: list[np.ndarray] = []
         if self.config.lookup and state.batch_size == 1:
             limit = LOOKUP_CANDIDATES if self.config.tree_size else 1
+            depth = min(max(k, LOOKUP_TOKENS), state.max_draft_tokens)  # copying may run past the block
             found = find_continuations(state.tokens[0].cpu().numpy(), self.config.lookup,
-                                       max(self.config.lookup, 3), k, limit)
+                                       max(self.config.lookup, 3), depth, limit)
             if found and not self.config.tree_size:
                 # the draft's context keeps accumulating in _pending and is read at its next forward
                 return Draft(tokens=torch.from_numpy(found[0]).to(state.tokens.device).unsqueeze(0))

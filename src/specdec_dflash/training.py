@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -222,6 +223,10 @@ class DFlashObjective(TrainingObjective):
             correct = (logits[:, 0].argmax(-1) == labels[:, 0]) & valid[:, 0]
             accuracy = correct.float().mean().item()
         return loss, {"loss": float(loss.detach()), "accuracy": accuracy}
+
+    def proposer_options(self, folder: str | Path) -> dict[str, Any]:
+        # the draft's own acceptance: its argmax chain, without the tree or prompt lookup it is served with
+        return {"draft": str(folder), "tree_size": 0, "lookup": 0}
 
     def save_draft(self, folder: str | Path) -> Path:
         path = save_draft(self.draft, folder)
