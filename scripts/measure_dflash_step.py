@@ -29,7 +29,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--context", type=int, default=256, help="committed tokens before the timed step")
     args = parser.parse_args()
-    options = {"draft": args.draft} if args.draft else {}
+    options = {"tree_size": 0, "lookup": 0}  # the draft's own chain step; trees are measured by `specdec bench`
+    if args.draft:
+        options["draft"] = args.draft
     if args.block_size:
         options["block_size"] = args.block_size
     decoder = SpeculativeDecoder.from_pretrained(proposer="dflash", dtype=args.dtype, **options)

@@ -11,11 +11,13 @@ run() { name=$1; shift; specdec bench --data-dir "$data" --out "$out/$name" --no
 
 python scripts/measure_dflash_step.py --dtype bfloat16 | tee "$out/dflash_step.md"
 python scripts/measure_dflash_step.py --dtype float32 | tee -a "$out/dflash_step.md"
-all=(-p autoregressive,ngram,dflash --baselines hf-greedy,hf-pld)
+# dflash = the defaults (a 16-token tree and prompt lookup); dflash:chain = the paper's argmax chain
+chain=(--opt dflash:chain.tree_size=0 --opt dflash:chain.lookup=0)
+all=(-p autoregressive,ngram,dflash:chain,dflash "${chain[@]}" --baselines hf-greedy,hf-pld)
 run gsm8k-bf16 -d gsm8k -l "$limit" -n 256 --dtype bfloat16 "${all[@]}"
 run mt_bench-bf16 -d mt_bench -l "$half" -n 256 --dtype bfloat16 "${all[@]}"
-run gsm8k-fp32 -d gsm8k -l "$half" -n 128 --dtype float32 "${all[@]}"
-# temperature 1: DFlash drafting from its own distribution (proper rejection sampling) vs point-mass drafts
-run gsm8k-t1-sample -d gsm8k -l "$half" -n 128 --dtype bfloat16 -t 1.0 -p autoregressive,dflash --baselines none
-run gsm8k-t1-greedy -d gsm8k -l "$half" -n 128 --dtype bfloat16 -t 1.0 -p autoregressive,dflash --baselines none \
-    --opt dflash.drafting=greedy
+run gsm8k-fp32 -d gsm8k -l "$half" -n 128 --dtype float32 -p autoregressive,dflash:chain,dflash "${chain[@]}" \
+    --baselines none
+# temperature 1: the tree (point masses) against the chain drafting from the draft's own distribution
+run gsm8k-t1 -d gsm8k -l "$half" -n 128 --dtype bfloat16 -t 1.0 -p autoregressive,dflash:chain,dflash "${chain[@]}" \
+    --baselines none
