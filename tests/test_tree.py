@@ -59,9 +59,17 @@ def test_trie_shares_prefixes_and_keeps_candidate_order():
 def test_walk_follows_the_first_matching_child():
     tokens, parents = [5, 6, 7, 6, 9], [-1, 0, 1, 0, 3]
     # at the root the target says 5, after 5 it says 6 (first child 1), after 6 it says 9: no such child of 1
-    assert tree.walk([5, 6, 9, 0, 0, 0], tokens, parents) == [0, 1]
-    assert tree.walk([4, 0, 0, 0, 0, 0], tokens, parents) == []
-    n, emitted, path = tree.verify_tree(torch.tensor([[5, 6, 9, 0, 0, 0]]), torch.tensor([tokens]), parents)
+    asked = []
+
+    def choose(i):
+        asked.append(i)
+        return [5, 6, 9, 0, 0, 0][i]
+
+    assert tree.walk(choose, tokens, parents) == ([0, 1], 9)
+    assert asked == [0, 1, 2]  # the target's choice is asked for the nodes the walk reaches only
+    assert tree.walk(lambda i: [4, 0, 0, 0, 0, 0][i], tokens, parents) == ([], 4)
+    chosen = [[5, 6, 9, 0, 0, 0]]
+    n, emitted, path = tree.verify_tree(lambda b, i: chosen[b][i], torch.tensor([tokens]), parents)
     assert n.tolist() == [2] and emitted.tolist() == [[5, 6, 9, -1, -1, -1]]
     assert path.tolist() == [[0, 1, -1, -1, -1]]
 
@@ -167,7 +175,7 @@ def test_a_chain_only_verifier_refuses_trees():
 
 def test_sampled_tree_walk_draws_each_path_with_the_targets_probability():
     """The joint law of everything one tree step emits, against its exact value (chi-square, as in
-    test_sampling): a walk that reused one random draw at every node would pass a per-position check."""
+    test_sampling): a walk that reused one random draw at every node could pass a per-position check."""
     from test_sampling import ALPHA, chi_square_p_value
 
     from specdec import SamplingParams

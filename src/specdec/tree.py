@@ -12,7 +12,7 @@ exactly the tokens before it, so the output is the same as without the tree, gre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -53,43 +53,42 @@ def attention_mask(parents: Sequence[int], past_length: int, dtype: torch.dtype,
     return mask.to(device).view(1, 1, k + 1, past_length + k + 1)
 
 
-def walk(target_tokens: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
-    """Indices of the accepted draft tokens, root first: `target_tokens` [k+1] is the target's choice at the
-    root and after each draft token; the walk follows the first child holding that choice."""
+def walk(choose: Callable[[int], int], tokens: Sequence[int], parents: Sequence[int]) -> tuple[list[int], int]:
+    """(indices of the accepted draft tokens, root first; the target's token after the last of them).
+    `choose(i)` is the target's token after feed position i (0: the root, j + 1: draft token j), asked only
+    for the nodes the walk reaches; the walk follows the first child holding that token."""
     children: dict[int, list[int]] = {}
     for j, parent in enumerate(parents):
         children.setdefault(parent, []).append(j)
     path: list[int] = []
     node = -1
     while True:
-        wanted = target_tokens[node + 1]
+        wanted = choose(node + 1)
         node = next((c for c in children.get(node, ()) if tokens[c] == wanted), None)
         if node is None:
-            return path
+            return path, wanted
         path.append(node)
 
 
-def verify_tree(target_tokens: torch.Tensor, draft_tokens: torch.Tensor,
+def verify_tree(choose: Callable[[int, int], int], draft_tokens: torch.Tensor,
                 parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """target_tokens [B, k+1], draft_tokens [B, k] -> (num_accepted [B], emitted [B, k+1], path [B, k]).
-
-    emitted holds the accepted tokens, then the target's token after the last of them, padded with -1;
-    path the accepted draft indices, padded with -1.
-    """
+    """Walk each row's tree: `choose(b, i)` is the target's token for row b after feed position i.
+    draft_tokens [B, k] -> (num_accepted [B], emitted [B, k+1], path [B, k]); emitted holds the accepted
+    tokens, then the target's token after the last of them, padded with -1; path the accepted draft
+    indices, padded with -1."""
     batch, k = draft_tokens.shape
     emitted = torch.full((batch, k + 1), -1, dtype=torch.long)
     path_out = torch.full((batch, k), -1, dtype=torch.long)
     counts = torch.zeros(batch, dtype=torch.long)
-    chosen, drafted = target_tokens.tolist(), draft_tokens.tolist()  # one host transfer for the whole walk
+    drafted = draft_tokens.tolist()  # one host transfer for the whole walk
     for b in range(batch):
-        path = walk(chosen[b], drafted[b], parents)
-        last = path[-1] if path else -1
+        path, final = walk(lambda i, b=b: choose(b, i), drafted[b], parents)
         n = len(path)
         counts[b] = n
         if n:
             path_out[b, :n] = torch.tensor(path)
             emitted[b, :n] = torch.tensor([drafted[b][j] for j in path])
-        emitted[b, n] = chosen[b][last + 1]
+        emitted[b, n] = final
     device = draft_tokens.device
     return counts.to(device), emitted.to(device), path_out.to(device)
 
