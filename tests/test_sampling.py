@@ -90,7 +90,7 @@ def proposer_cases(tmp_path_factory, small_target):
             "dflash-chain": {"draft": str(dflash_dir), "tree_size": 0, "lookup": 0},  # sampled drafts, with q
             "dflash-vocab": {"draft": str(reduced_dir), "tree_size": 0, "lookup": 0},
             "dflash-lookup": {"draft": str(dflash_dir), "tree_size": 0, "lookup": 1},
-            "dflash-tree": {"draft": str(reduced_dir), "tree_size": 6, "lookup": 1}}
+            "dflash-tree": {"draft": str(reduced_dir), "tree_size": 6, "lookup": 1, "drafting": "greedy"}}
 
 
 def sample_counts(decoder, prompt, steps, params, runs):

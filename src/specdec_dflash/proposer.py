@@ -45,15 +45,15 @@ class DFlashProposer(Proposer):
         draft: str | None = Field(None, description="DFlash checkpoint folder (default: the shipped SmolLM2 draft)")
         block_size: int | None = Field(None, ge=2, description="block size, at most the trained one")
         drafting: Literal["sample", "greedy"] = Field(
-            "sample", description="at temperature > 0 with tree_size=0: sample drafts from the draft's own "
-            "distribution and pass it to the verifier (sample), or draft argmax tokens as point masses, as z-lab's "
-            "reference does (greedy)")
+            "sample", description="at temperature > 0: draft the chain from the draft's own distribution and pass "
+            "it to the verifier (sample), or draft argmax tokens as point masses, as z-lab's reference does, and "
+            "as a tree when tree_size > 0 (greedy)")
         lookup: int = Field(1, ge=0, description="0 = off; N >= 1: when the last N to max(N, 3) tokens occurred "
                             "earlier in prompt + output, also verify what followed them (prompt lookup, up to 3 "
                             "continuations with a tree, else one instead of running the draft)")
         tree_size: int = Field(16, ge=0, description="N >= 1: verify the N draft tokens likeliest to be accepted "
                                "as a tree: the chain and runner-ups at each slot followed by the rest of the chain "
-                               "(point-mass drafts at any temperature); 0 = the draft's argmax chain, as the paper")
+                               "(greedy decoding, or drafting=greedy); 0 = the draft's argmax chain, as the paper")
         vocab: Literal["draft", "full"] = Field(
             "draft", description="score the draft's reduced vocabulary (draft_vocab.json, when the checkpoint has "
             "one) or the target's whole vocabulary (full)")
@@ -113,13 +113,17 @@ class DFlashProposer(Proposer):
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Draft:
         k = min(self.block_size - 1, state.max_draft_tokens)
+        sampling = state.sampling
+        sampled = sampling is not None and not sampling.greedy and self.config.drafting == "sample"
+        # a tree is point masses: when sampling, drafting the chain from q measured faster (docs/benchmarks.md)
+        use_tree = bool(self.config.tree_size) and state.batch_size == 1 and not sampled
         found: list[np.ndarray] = []
         if self.config.lookup and state.batch_size == 1:
-            limit = LOOKUP_CANDIDATES if self.config.tree_size else 1
+            limit = LOOKUP_CANDIDATES if use_tree else 1
             depth = min(max(k, LOOKUP_TOKENS), state.max_draft_tokens)  # copying may run past the block
             found = find_continuations(state.tokens[0].cpu().numpy(), self.config.lookup,
                                        max(self.config.lookup, 3), depth, limit)
-            if found and not self.config.tree_size:
+            if found and not use_tree:
                 # the draft's context keeps accumulating in _pending and is read at its next forward
                 return Draft(tokens=torch.from_numpy(found[0]).to(state.tokens.device).unsqueeze(0))
         length = state.length
@@ -140,10 +144,9 @@ class DFlashProposer(Proposer):
             logits = self.target.lm_head(hidden)[:, 1: 1 + k]  # [B, k, V]
         else:  # [B, k, V'], V' = the draft vocabulary
             logits = F.linear(hidden, self.head_weight, self.head_bias)[:, 1: 1 + k]
-        if self.config.tree_size and state.batch_size == 1:
+        if use_tree:
             return self._tree(logits[0], found)
-        sampling = state.sampling
-        if sampling is None or sampling.greedy or self.config.drafting == "greedy":
+        if not sampled:
             # a point mass: the verifier needs no draft probs. max(...).indices is argmax (first index on ties)
             # and several times faster than argmax on bf16 CPU tensors.
             return Draft(tokens=self._to_target_ids(logits.max(dim=-1).indices))
