@@ -48,9 +48,11 @@ def attention_mask(parents: Sequence[int], past_length: int, dtype: torch.dtype,
     for j, parent in enumerate(parents):
         sees[j + 1] = sees[parent + 1]  # the root is row 0, draft token j is row j + 1
         sees[j + 1, j + 1] = True
-    allowed = torch.cat([torch.ones(k + 1, past_length, dtype=torch.bool), sees], dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask.to(device).view(1, 1, k + 1, past_length + k + 1)
+    # only the [k+1, k+1] tree block crosses to the device; the context columns are zeros made there
+    mask = torch.zeros(1, 1, k + 1, past_length + k + 1, dtype=dtype, device=device)
+    tree_block = torch.zeros(k + 1, k + 1, dtype=dtype).masked_fill_(~sees, torch.finfo(dtype).min)
+    mask[0, 0, :, past_length:] = tree_block.to(device)
+    return mask
 
 
 def walk(choose: Callable[[int], int], tokens: Sequence[int], parents: Sequence[int]) -> tuple[list[int], int]:
