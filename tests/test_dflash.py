@@ -237,6 +237,23 @@ def test_tree_takes_the_tokens_likeliest_to_be_accepted(tmp_path, target):
     assert draft.parents == [-1, 0, 0, -1, 3, 2]
 
 
+def test_lookup_after_seeds_prompt_lookup_with_the_draft_chain(tmp_path, target):
+    folder = write_draft(tmp_path, seed=8, block_size=4)
+    proposer = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=5,
+                                             lookup=1, lookup_after=2).engine.proposer
+    context = np.array([5, 6, 7, 8, 9, 5, 6])
+    # chain [7, 1]: context + [7] ends with 5 6 7, seen at the start and followed by 8 9 5; context + [7, 1]
+    # was never seen. The path is capped at the 4 tokens a step may propose.
+    paths = proposer._lookups_after([7, 1], context, max_depth=4)
+    assert [p.tolist() for p in paths] == [[7, 8, 9, 5]]
+    assert proposer._lookups_after([7, 1], context, max_depth=1) == []  # no room past the chain's token
+    # in a step, those paths join the tree beside the draft's candidates
+    logq = torch.full((3, VOCAB), -40.0)
+    logq[0, 7] = logq[1, 1] = logq[2, 2] = 0.0
+    draft = proposer._tree(logq, paths)
+    assert draft.tokens.tolist()[0][:4] == [7, 8, 9, 5] and draft.parents[:4] == [-1, 0, 1, 2]
+
+
 @pytest.mark.parametrize("fmt", ["zlab", "speculators"])
 def test_export(tmp_path, fmt):
     from click.testing import CliRunner

@@ -61,6 +61,7 @@ def registered_cases(draft_dir, dflash_dirs):
             cases.append((name, {"draft": dflash_dirs[1], "tree_size": 0, "lookup": 1}))  # + lookup on matches
             cases.append((name, {"draft": dflash_dirs[1], "tree_size": 9, "lookup": 0}))  # a tree of 9 tokens
             cases += [(name, {"draft": d}) for d in dflash_dirs]  # the defaults: tree and lookup together
+            cases.append((name, {"draft": dflash_dirs[1], "lookup_after": 3}))  # lookup seeded by the draft
         elif name == "ngram":
             cases += [(name, {}), (name, {"num_tokens": 2, "min_n": 1, "max_n": 1}), (name, {"candidates": 3})]
         else:
@@ -107,6 +108,15 @@ def test_dflash_with_prompt_lookup_on_a_repetitive_prompt(dflash_dirs, lookup):
     prompt = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9]
     decoder = SpeculativeDecoder.from_model(model, proposer="dflash", draft=dflash_dirs[2], lookup=lookup,
                                             tree_size=0)
+    out = decoder.generate_ids(prompt, max_new_tokens=40)
+    assert out.token_ids == plain_greedy(model, prompt, 40)
+
+
+@pytest.mark.parametrize("lookup_after", [1, 3])
+def test_dflash_tree_with_seeded_lookup_on_a_repetitive_prompt(dflash_dirs, lookup_after):
+    model = model_for("llama", 1)
+    prompt = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 3, 9, 10]
+    decoder = SpeculativeDecoder.from_model(model, proposer="dflash", draft=dflash_dirs[1], lookup_after=lookup_after)
     out = decoder.generate_ids(prompt, max_new_tokens=40)
     assert out.token_ids == plain_greedy(model, prompt, 40)
 

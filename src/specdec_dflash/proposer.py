@@ -29,6 +29,9 @@ LOOKUP_CANDIDATES = 3
 #: the most tokens a prompt-lookup continuation proposes (beyond the draft's block when that is shorter)
 LOOKUP_TOKENS = 10
 
+#: continuations looked up after each argmax-chain prefix (`lookup_after`)
+SEEDED_LOOKUP_CANDIDATES = 2
+
 #: the draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
 
@@ -54,6 +57,9 @@ class DFlashProposer(Proposer):
         tree_size: int = Field(16, ge=0, description="N >= 1: verify the N draft tokens likeliest to be accepted "
                                "as a tree: the chain and runner-ups at each slot followed by the rest of the chain "
                                "(greedy decoding, or drafting=greedy); 0 = the draft's argmax chain, as the paper")
+        lookup_after: int = Field(0, ge=0, description="N >= 1, trees with lookup only: also look up what "
+                                  "followed earlier occurrences of the context extended by the draft's first 1..N "
+                                  "argmax tokens (prompt lookup seeded by the draft); 0 = off")
         vocab: Literal["draft", "full"] = Field(
             "draft", description="score the draft's reduced vocabulary (draft_vocab.json, when the checkpoint has "
             "one) or the target's whole vocabulary (full)")
@@ -118,11 +124,12 @@ class DFlashProposer(Proposer):
         # a tree is point masses: when sampling, drafting the chain from q measured faster (docs/benchmarks.md)
         use_tree = bool(self.config.tree_size) and state.batch_size == 1 and not sampled
         found: list[np.ndarray] = []
+        context: np.ndarray | None = None
         if self.config.lookup and state.batch_size == 1:
             limit = LOOKUP_CANDIDATES if use_tree else 1
             depth = min(max(k, LOOKUP_TOKENS), state.max_draft_tokens)  # copying may run past the block
-            found = find_continuations(state.tokens[0].cpu().numpy(), self.config.lookup,
-                                       max(self.config.lookup, 3), depth, limit)
+            context = state.tokens[0].cpu().numpy()
+            found = find_continuations(context, self.config.lookup, max(self.config.lookup, 3), depth, limit)
             if found and not use_tree:
                 # the draft's context keeps accumulating in _pending and is read at its next forward
                 return Draft(tokens=torch.from_numpy(found[0]).to(state.tokens.device).unsqueeze(0))
@@ -145,6 +152,9 @@ class DFlashProposer(Proposer):
         else:  # [B, k, V'], V' = the draft vocabulary
             logits = F.linear(hidden, self.head_weight, self.head_bias)[:, 1: 1 + k]
         if use_tree:
+            if self.config.lookup_after and context is not None:
+                chain = self._to_target_ids(logits[0].max(dim=-1).indices).tolist()
+                found = found + self._lookups_after(chain, context, state.max_draft_tokens)
             return self._tree(logits[0], found)
         if not sampled:
             # a point mass: the verifier needs no draft probs. max(...).indices is argmax (first index on ties)
@@ -182,6 +192,19 @@ class DFlashProposer(Proposer):
         paths = [c.tolist() for c in lookup] + paths
         tokens, parents = tree.from_paths(paths)
         return Draft(tokens=torch.tensor([tokens], device=logits.device), parents=parents)
+
+    def _lookups_after(self, chain: list[int], context: np.ndarray, max_depth: int) -> list[np.ndarray]:
+        """Prompt lookup seeded by the draft: for j = 1..lookup_after, the chain's first j tokens followed by
+        what came after earlier occurrences of context + those j tokens. Copying often resumes one or two
+        tokens past the next one (a number, a name), which the unseeded lookup cannot reach."""
+        paths = []
+        n = self.config.lookup
+        for j in range(1, min(self.config.lookup_after, len(chain), max_depth - 1) + 1):
+            extended = np.concatenate([context, np.asarray(chain[:j], dtype=context.dtype)])
+            budget = min(LOOKUP_TOKENS, max_depth - j)
+            for continuation in find_continuations(extended, n, max(n, 3), budget, SEEDED_LOOKUP_CANDIDATES):
+                paths.append(np.concatenate([extended[-j:], continuation]))
+        return paths
 
     def _to_target_ids(self, indices: torch.Tensor) -> torch.Tensor:
         return indices if self.vocab_ids is None else self.vocab_ids[indices]
