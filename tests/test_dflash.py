@@ -244,9 +244,10 @@ def test_lookup_after_seeds_prompt_lookup_with_the_draft_chain(tmp_path, target)
     context = np.array([5, 6, 7, 8, 9, 5, 6])
     # chain [7, 1]: context + [7] ends with 5 6 7, seen at the start and followed by 8 9 5; context + [7, 1]
     # was never seen. The path is capped at the 4 tokens a step may propose.
-    paths = proposer._lookups_after([7, 1], context, max_depth=4)
+    proposer._lookup_index.extend(context)
+    paths = proposer._lookups_after([7, 1], max_depth=4)
     assert [p.tolist() for p in paths] == [[7, 8, 9, 5]]
-    assert proposer._lookups_after([7, 1], context, max_depth=1) == []  # no room past the chain's token
+    assert proposer._lookups_after([7, 1], max_depth=1) == []  # no room past the chain's token
     # in a step, those paths join the tree beside the draft's candidates
     logq = torch.full((3, VOCAB), -40.0)
     logq[0, 7] = logq[1, 1] = logq[2, 2] = 0.0

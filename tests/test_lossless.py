@@ -186,27 +186,3 @@ def test_options_are_validated_before_loading():
         build_proposer_config("ngram", {"num_tokens": "zero"})
     with pytest.raises(SpecdecError, match="Unknown proposer 'nope'; choose one of: .*ngram"):
         build_proposer_config("nope", {})
-
-
-def test_ngram_lookup_prefers_the_longest_then_latest_or_earliest_match():
-    import numpy as np
-
-    from specdec.proposers.ngram import find_continuation
-
-    tokens = np.array([5, 6, 1, 5, 6, 2, 9, 6, 3, 5, 6])
-    assert find_continuation(tokens, 1, 3, 2).tolist() == [2, 9]  # suffix (5, 6): latest earlier match at 3
-    assert find_continuation(tokens, 1, 3, 2, latest=False).tolist() == [1, 5]  # first match at 0
-    assert find_continuation(tokens, 1, 1, 3).tolist() == [3, 5, 6]  # only 1-grams: latest earlier 6 at 7
-    assert find_continuation(np.array([1, 2, 3]), 1, 3, 4).tolist() == []  # no match: no draft
-
-
-def test_ngram_candidates_are_distinct_longest_match_first():
-    import numpy as np
-
-    from specdec.proposers.ngram import find_continuations
-
-    tokens = np.array([5, 6, 1, 5, 6, 2, 9, 6, 3, 5, 6])
-    # (5, 6) matched at 3 then 0; then the 1-gram (6) at 7 (its continuation 3 is new), at 4 and 1 (repeats)
-    found = find_continuations(tokens, 1, 3, 2, limit=5)
-    assert [f.tolist() for f in found] == [[2, 9], [1, 5], [3, 5]]
-    assert [f.tolist() for f in find_continuations(tokens, 1, 3, 2, limit=2)] == [[2, 9], [1, 5]]

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict, tree
 from specdec.errors import SpecdecError
-from specdec.proposers.ngram import find_continuations
+from specdec.lookup import NgramIndex
 from specdec.sampling import logits_to_probs
 from specdec.target import TargetModel
 
@@ -100,6 +100,7 @@ class DFlashProposer(Proposer):
         self.cache = DraftCache(self.model.config.num_hidden_layers)
         self._pending: torch.Tensor | None = None  # tapped target states not yet in the draft cache
         self._pending_start = 0  # position of the first pending state
+        self._lookup_index = NgramIndex(max(self.config.lookup, 1), max(self.config.lookup, 3))
 
     def prefill(self, state: DecodeState, target_output: TargetOutput) -> None:
         self._pending = target_output.tapped(self.layer_ids)  # every prompt position
@@ -124,12 +125,12 @@ class DFlashProposer(Proposer):
         # a tree is point masses: when sampling, drafting the chain from q measured faster (docs/benchmarks.md)
         use_tree = bool(self.config.tree_size) and state.batch_size == 1 and not sampled
         found: list[np.ndarray] = []
-        context: np.ndarray | None = None
-        if self.config.lookup and state.batch_size == 1:
+        lookup = bool(self.config.lookup) and state.batch_size == 1
+        if lookup:
             limit = LOOKUP_CANDIDATES if use_tree else 1
             depth = min(max(k, LOOKUP_TOKENS), state.max_draft_tokens)  # copying may run past the block
-            context = state.tokens[0].cpu().numpy()
-            found = find_continuations(context, self.config.lookup, max(self.config.lookup, 3), depth, limit)
+            self._lookup_index.sync(state.tokens)
+            found = self._lookup_index.continuations(depth, limit)
             if found and not use_tree:
                 # the draft's context keeps accumulating in _pending and is read at its next forward
                 return Draft(tokens=torch.from_numpy(found[0]).to(state.tokens.device).unsqueeze(0))
@@ -152,9 +153,9 @@ class DFlashProposer(Proposer):
         else:  # [B, k, V'], V' = the draft vocabulary
             logits = F.linear(hidden, self.head_weight, self.head_bias)[:, 1: 1 + k]
         if use_tree:
-            if self.config.lookup_after and context is not None:
+            if self.config.lookup_after and lookup:
                 chain = self._to_target_ids(logits[0].max(dim=-1).indices).tolist()
-                found = found + self._lookups_after(chain, context, state.max_draft_tokens)
+                found = found + self._lookups_after(chain, state.max_draft_tokens)
             return self._tree(logits[0], found)
         if not sampled:
             # a point mass: the verifier needs no draft probs. max(...).indices is argmax (first index on ties)
@@ -193,17 +194,16 @@ class DFlashProposer(Proposer):
         tokens, parents = tree.from_paths(paths)
         return Draft(tokens=torch.tensor([tokens], device=logits.device), parents=parents)
 
-    def _lookups_after(self, chain: list[int], context: np.ndarray, max_depth: int) -> list[np.ndarray]:
+    def _lookups_after(self, chain: list[int], max_depth: int) -> list[np.ndarray]:
         """Prompt lookup seeded by the draft: for j = 1..lookup_after, the chain's first j tokens followed by
-        what came after earlier occurrences of context + those j tokens. Copying often resumes one or two
-        tokens past the next one (a number, a name), which the unseeded lookup cannot reach."""
+        what came after earlier occurrences of the committed tokens + those j tokens. Copying often resumes
+        one or two tokens past the next one (a number, a name), which the unseeded lookup cannot reach."""
         paths = []
-        n = self.config.lookup
         for j in range(1, min(self.config.lookup_after, len(chain), max_depth - 1) + 1):
-            extended = np.concatenate([context, np.asarray(chain[:j], dtype=context.dtype)])
+            seed = np.asarray(chain[:j], dtype=np.int64)
             budget = min(LOOKUP_TOKENS, max_depth - j)
-            for continuation in find_continuations(extended, n, max(n, 3), budget, SEEDED_LOOKUP_CANDIDATES):
-                paths.append(np.concatenate([extended[-j:], continuation]))
+            for continuation in self._lookup_index.continuations(budget, SEEDED_LOOKUP_CANDIDATES, extra=seed):
+                paths.append(np.concatenate([seed, continuation]))
         return paths
 
     def _to_target_ids(self, indices: torch.Tensor) -> torch.Tensor:

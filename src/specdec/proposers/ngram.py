@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -10,36 +10,10 @@ from pydantic import Field, model_validator
 
 from .. import tree
 from ..contracts import DecodeState, Draft, Proposer, ProposerConfig
+from ..lookup import NgramIndex
 
-
-def find_continuations(tokens: np.ndarray, min_n: int, max_n: int, num_tokens: int, limit: int = 1,
-                       latest: bool = True) -> list[np.ndarray]:
-    """Up to `limit` distinct continuations of earlier matches of the context's suffix: the longest suffix
-    n-gram (max_n down to min_n) first, and within one n the most recent match first (latest=True) or the
-    first one, as transformers' prompt lookup does (latest=False). Shorter n-grams are tried only while
-    fewer than `limit` continuations were found."""
-    length = tokens.shape[0]
-    found: list[np.ndarray] = []
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = tokens[length - n:]
-        # windows starting at 0 .. length-n-1: every earlier n-gram, never the suffix itself
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        for hit in (hits[::-1] if latest else hits):
-            start = int(hit) + n
-            continuation = tokens[start: start + num_tokens]
-            if continuation.size and not any(np.array_equal(continuation, f) for f in found):
-                found.append(continuation)
-                if len(found) == limit:
-                    return found
-    return found
-
-
-def find_continuation(tokens: np.ndarray, min_n: int, max_n: int, num_tokens: int,
-                      latest: bool = True) -> np.ndarray:
-    """The first of `find_continuations`, or an empty array."""
-    found = find_continuations(tokens, min_n, max_n, num_tokens, 1, latest)
-    return found[0] if found else tokens[:0]
+if TYPE_CHECKING:
+    from ..target import TargetModel
 
 
 class NgramProposer(Proposer):
@@ -60,18 +34,29 @@ class NgramProposer(Proposer):
                 raise ValueError(f"min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
             return self
 
+    def __init__(self, config: Config, target: TargetModel) -> None:
+        super().__init__(config, target)
+        self.reset()
+
+    def reset(self) -> None:
+        self._indices: list[NgramIndex] = []  # one per batch row, kept up to date as tokens are committed
+
     def propose(self, state: DecodeState) -> Draft:
         limit = min(self.config.num_tokens, state.max_draft_tokens)
         latest = self.config.prefer == "latest"
+        while len(self._indices) < state.batch_size:
+            self._indices.append(NgramIndex(self.config.min_n, self.config.max_n))
+        for row in range(state.batch_size):
+            self._indices[row].sync(state.tokens, row)
         if self.config.candidates > 1 and state.batch_size == 1:
-            found = find_continuations(state.tokens[0].cpu().numpy(), self.config.min_n, self.config.max_n, limit,
-                                       self.config.candidates, latest)
+            found = self._indices[0].continuations(limit, self.config.candidates, latest)
             tokens, parents = tree.from_paths([c.tolist() for c in found])
             return Draft(tokens=torch.tensor([tokens], dtype=torch.long, device=state.tokens.device),
                          parents=parents)
         rows = []
-        for row in state.tokens.cpu().numpy():
-            rows.append(find_continuation(row, self.config.min_n, self.config.max_n, limit, latest=latest))
+        for index in self._indices[: state.batch_size]:
+            found = index.continuations(limit, 1, latest)
+            rows.append(found[0] if found else np.empty(0, dtype=np.int64))
         width = min(len(r) for r in rows)  # one k for the batch: trim to the shortest row
         tokens = torch.from_numpy(np.stack([r[:width] for r in rows])).to(state.tokens.device)
         return Draft(tokens=tokens)
