@@ -95,6 +95,8 @@ def test_bench_end_to_end(folders, tmp_path):
         assert r["num_generated_tokens"] == runners["autoregressive"]["num_generated_tokens"] <= 4 * 10
         s = r["speedup"]["vs_autoregressive"]
         assert s["q25"] <= s["median"] <= s["q75"] and r["speedup"]["vs_hf_greedy"]["median"] > 0
+        pld = r["speedup"]["vs_hf_pld"]  # paired against transformers' prompt lookup, which ran here
+        assert pld["q25"] <= pld["median"] <= pld["q75"]
         assert r["exact_match_rate"] == 1.0, (name, r["divergences"])  # float32: lossless, HF agrees too
     assert runners["autoregressive"]["mean_acceptance_length"] == 1.0
     assert runners["autoregressive"]["speedup"]["vs_autoregressive"]["median"] == 1.0
@@ -111,6 +113,11 @@ def test_bench_end_to_end(folders, tmp_path):
 
     markdown = (out / "results.md").read_text()
     assert "| runner | mean acceptance length" in markdown and "| ngram |" in markdown
+    assert "| speedup vs hf-pld |" in markdown and "| hf-pld | n/a |" in markdown
+    lines = markdown.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("| runner |"))
+    header, rule, first = lines[top: top + 3]
+    assert header.count("|") == rule.count("|") == first.count("|")  # the optional column lines up
     for png in ("acceptance_lengths.png", "acceptance_per_position.png", "speedup.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -138,6 +145,8 @@ def test_interrupt_writes_finished_prompts(folders, tmp_path, monkeypatch):
     assert all(r["num_prompts"] == 1 for r in results["proposers"].values())
     paths = bench.write_results(results, plan.out)
     assert json.loads(paths[0].read_text())["meta"]["interrupted"] is True
+    assert all(r["speedup"]["vs_hf_pld"] is None for r in results["proposers"].values())  # hf-pld did not run
+    assert "hf-pld" not in bench.render_markdown(results)
 
 
 def test_bench_bad_input(folders, tmp_path, no_loading):

@@ -24,7 +24,8 @@ results.json (schema_version 1; keys are only ever added):
          "acceptance_length_histogram": {"1": steps, "2": steps, ...} | null,
          "acceptance_rate_per_position": [accepted/proposed at draft position 1, 2, ...] | null,
          "tokens_per_second": {"median", "mean"},
-         "speedup": {"vs_autoregressive": {"median", "q25", "q75"} | null, "vs_hf_greedy": {...} | null},
+         "speedup": {"vs_autoregressive": {"median", "q25", "q75"} | null, "vs_hf_greedy": {...} | null,
+                     "vs_hf_pld": {...} | null},
          "exact_match_rate": float | null (sampling),
          "matches": {"exact", "near_tie", "mismatch"} | null,
          "divergences": [{"prompt", "turn", "position", "expected", "got", "gap", "top2_gap", "certified"}],
@@ -69,6 +70,7 @@ from .errors import SpecdecError
 SCHEMA_VERSION = 1
 REFERENCE = "autoregressive"
 HF_GREEDY = "hf-greedy"
+HF_PLD = "hf-pld"
 BASELINES = {
     "hf-greedy": "transformers generate(do_sample=False)",
     "hf-pld": "transformers generate with prompt_lookup_num_tokens=10",
@@ -511,6 +513,7 @@ def summarize(plan: BenchPlan, model: Any, records: Mapping[str, RunnerRecord], 
             "speedup": {
                 "vs_autoregressive": _paired_speedup(tps[name], tps[REFERENCE]) if REFERENCE in tps else None,
                 "vs_hf_greedy": _paired_speedup(tps[name], tps[HF_GREEDY]) if HF_GREEDY in tps else None,
+                "vs_hf_pld": _paired_speedup(tps[name], tps[HF_PLD]) if HF_PLD in tps else None,
             },
             "exact_match_rate": None,
             "matches": None,
@@ -586,9 +589,13 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f"{meta['timestamp']}"
         + ("; **interrupted: partial results**" if meta["interrupted"] else ""),
         "",
+    ]
+    # the hf-pld column only when that baseline ran (results written before it existed lack the key)
+    with_pld = any(r["speedup"].get("vs_hf_pld") for r in runners.values())
+    lines += [
         "| runner | mean acceptance length | tokens/s (median) | speedup vs autoregressive "
-        "| speedup vs hf-greedy | exact match | peak RSS (MiB) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| speedup vs hf-greedy |" + (" speedup vs hf-pld |" if with_pld else "") + " exact match | peak RSS (MiB) |",
+        "| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if with_pld else "") + " ---: | ---: |",
     ]
     for name, r in runners.items():
         tau = "n/a" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
@@ -602,7 +609,9 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         speedup = r["speedup"]
         lines.append(f"| {name} | {tau} | {r['tokens_per_second']['median']:.1f} | "
                      f"{_fmt_speedup(speedup['vs_autoregressive'])} | "
-                     f"{_fmt_speedup(speedup['vs_hf_greedy'])} | {match} | {r['peak_rss_mb']:.0f} |")
+                     f"{_fmt_speedup(speedup['vs_hf_greedy'])} | "
+                     + (f"{_fmt_speedup(speedup.get('vs_hf_pld'))} | " if with_pld else "")
+                     + f"{match} | {r['peak_rss_mb']:.0f} |")
     lines += ["", "Speedup: median of paired per-prompt tokens/s ratios, interquartile range in brackets. "
               "Mean acceptance length counts the bonus token (plain decoding = 1.00). A near-tie is a "
               f"bf16/fp16 divergence whose float32 logit gap is below epsilon = {meta['epsilon']}.", ""]
