@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import plain_greedy, tiny_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from specdec import SpecdecError, SpeculativeDecoder
@@ -235,6 +237,44 @@ def test_tree_takes_the_tokens_likeliest_to_be_accepted(tmp_path, target):
     draft = proposer._tree(logq, [np.array([7, 3])])
     assert draft.tokens.tolist() == [[7, 3, 9, 8, 9, 11]]
     assert draft.parents == [-1, 0, 0, -1, 3, 2]
+
+
+def test_best_first_expansion_may_branch_twice_on_one_path(tmp_path, target):
+    folder = write_draft(tmp_path, seed=8, block_size=4)
+    proposer = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=8,
+                                             lookup=1, expansion="best_first").engine.proposer
+    logq = torch.full((3, VOCAB), -40.0)
+    for slot, token, q in [(0, 7, 0.6), (0, 8, 0.4), (1, 9, 0.9), (1, 10, 0.1), (2, 11, 0.55), (2, 12, 0.45)]:
+        logq[slot, token] = math.log(q)
+    # the 8 best: 7 .6, 7-9 .54, 8 .4, 8-9 .36, 7-9-11 .297, 7-9-12 .243, 8-9-11 .198, 8-9-12 .162; the chain
+    # expansion cannot hold 8-9-12 (two runner-ups) and takes 7-10 (.06) instead
+    draft = proposer._tree(logq, [])
+    assert draft.tokens.tolist() == [[7, 9, 8, 9, 11, 12, 11, 12]]
+    assert draft.parents == [-1, 0, -1, 2, 1, 1, 3, 3]
+    chain_expansion = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=8,
+                                                    lookup=1).engine.proposer
+    assert chain_expansion._tree(logq, []).tokens.tolist() == [[7, 9, 8, 9, 11, 12, 11, 10]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(slots=st.integers(1, 4), width=st.integers(1, 3), size=st.integers(1, 30), data=st.data())
+def test_best_first_paths_are_the_likeliest_nodes(slots, width, size, data):
+    """Against brute force: every path through each slot's candidates, ranked by summed log-probability."""
+    from itertools import product
+
+    from specdec_dflash.proposer import best_first_paths
+
+    values = [sorted(data.draw(st.lists(st.floats(-6, 0), min_size=width, max_size=width, unique=True)),
+                     reverse=True) for _ in range(slots)]
+    ids = [[10 * d + r for r in range(width)] for d in range(slots)]
+    paths = best_first_paths(values, ids, size)
+    every = {tuple(ids[d][r] for d, r in enumerate(ranks)): sum(values[d][r] for d, r in enumerate(ranks))
+             for depth in range(1, slots + 1) for ranks in product(range(width), repeat=depth)}
+    assert len(paths) == min(size, len(every)) and len({tuple(p) for p in paths}) == len(paths)
+    assert all(tuple(p[:-1]) in {tuple(q) for q in paths[:i]} for i, p in enumerate(paths) if len(p) > 1)
+    kept = sorted((every[tuple(p)] for p in paths), reverse=True)
+    best = sorted(every.values(), reverse=True)[: len(paths)]
+    assert kept == pytest.approx(best)  # the likeliest set (up to ties, which may pick either)
 
 
 def test_lookup_after_seeds_prompt_lookup_with_the_draft_chain(tmp_path, target):

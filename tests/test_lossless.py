@@ -62,6 +62,7 @@ def registered_cases(draft_dir, dflash_dirs):
             cases.append((name, {"draft": dflash_dirs[1], "tree_size": 9, "lookup": 0}))  # a tree of 9 tokens
             cases += [(name, {"draft": d}) for d in dflash_dirs]  # the defaults: tree and lookup together
             cases.append((name, {"draft": dflash_dirs[1], "lookup_after": 3}))  # lookup seeded by the draft
+            cases.append((name, {"draft": dflash_dirs[0], "expansion": "best_first", "tree_size": 12}))
         elif name == "ngram":
             cases += [(name, {}), (name, {"num_tokens": 2, "min_n": 1, "max_n": 1}), (name, {"candidates": 3})]
         else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+from itertools import count
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +42,24 @@ def shipped_draft_available() -> bool:
     return (SHIPPED_DRAFT / "config.json").is_file() and any(SHIPPED_DRAFT.glob("*.safetensors"))
 
 
+def best_first_paths(values: list[list[float]], ids: list[list[int]], size: int) -> list[list[int]]:
+    """The `size` likeliest nodes of the tree whose children at depth d are slot d's candidate tokens
+    (`ids[d]`, with log-probabilities `values[d]`), a node's estimate being the sum along its path; as root
+    paths, best first. Estimates only shrink along a path, so a parent always comes before its children."""
+    order = count()  # ties pop in push order: a parent before any child it pushes
+    heap = [(-values[0][r], next(order), [ids[0][r]]) for r in range(len(ids[0]))]
+    heapq.heapify(heap)
+    paths: list[list[int]] = []
+    while heap and len(paths) < size:
+        negative, _, path = heapq.heappop(heap)
+        paths.append(path)
+        depth = len(path)
+        if depth < len(ids):
+            for token, value in zip(ids[depth], values[depth], strict=True):
+                heapq.heappush(heap, (negative - value, next(order), path + [token]))
+    return paths
+
+
 class DFlashProposer(Proposer):
     name = "dflash"
     description = "DFlash block diffusion: a whole block drafted in one pass, conditioned on target hidden states"
@@ -57,6 +77,10 @@ class DFlashProposer(Proposer):
         tree_size: int = Field(16, ge=0, description="N >= 1: verify the N draft tokens likeliest to be accepted "
                                "as a tree: the chain and runner-ups at each slot followed by the rest of the chain "
                                "(greedy decoding, or drafting=greedy); 0 = the draft's argmax chain, as the paper")
+        expansion: Literal["chain", "best_first"] = Field(
+            "chain", description="which paths a tree may hold: the chain, or a runner-up at one slot followed by "
+            "the rest of the chain (chain); or any path through each slot's 5 likeliest tokens, expanded best "
+            "first (best_first, EAGLE-2's expansion)")
         lookup_after: int = Field(0, ge=0, description="N >= 1, trees with lookup only: also look up what "
                                   "followed earlier occurrences of the context extended by the draft's first 1..N "
                                   "argmax tokens (prompt lookup seeded by the draft); 0 = off")
@@ -170,29 +194,35 @@ class DFlashProposer(Proposer):
 
     def _tree(self, logits: torch.Tensor, lookup: list[np.ndarray]) -> Draft:
         """The `tree_size` draft tokens likeliest to be accepted, as a tree, plus the prompt-lookup
-        continuations in `lookup`. Candidates are the argmax chain and, at each slot, a runner-up token
-        followed by the rest of the chain; a node's estimate is the product of the draft's probabilities
-        along its path (EAGLE-2's expansion by confidence; a block drafter scores every slot at once, so the
-        estimate treats slots as independent). Estimates only shrink along a path, so the best nodes form a
-        tree."""
+        continuations in `lookup`. A node's estimate is the product of the draft's probabilities along its
+        path (EAGLE-2's expansion by confidence; a block drafter scores every slot at once, so the estimate
+        treats slots as independent). Estimates only shrink along a path, so the best nodes form a tree.
+        Which paths compete is `expansion`'s choice."""
         logq = logits.float().log_softmax(dim=-1)  # [k, V']
         width = min(1 + TREE_RUNNER_UPS, logq.shape[-1])
         top = logq.topk(width, dim=-1)  # best first
         values, ids = top.values.tolist(), self._to_target_ids(top.indices).tolist()
+        if self.config.expansion == "best_first":
+            paths = best_first_paths(values, ids, self.config.tree_size)
+        else:
+            paths = self._chain_paths(values, ids)
+        tokens, parents = tree.from_paths([c.tolist() for c in lookup] + paths)
+        return Draft(tokens=torch.tensor([tokens], device=logits.device), parents=parents)
+
+    def _chain_paths(self, values: list[list[float]], ids: list[list[int]]) -> list[list[int]]:
+        """The `tree_size` likeliest of: the chain's prefixes, and a runner-up at one slot after the chain's
+        prefix, followed by prefixes of the rest of the chain; parents before their children."""
         chain, best = [row[0] for row in ids], [row[0] for row in values]
         candidates: list[tuple[float, list[int]]] = []  # (log estimate, path from the root)
         for j in range(len(chain)):
-            for r in range(0 if j == 0 else 1, width):  # rank 0 at slot 0 starts the chain itself
+            for r in range(0 if j == 0 else 1, len(ids[j])):  # rank 0 at slot 0 starts the chain itself
                 estimate, path = sum(best[:j]) + values[j][r], chain[:j] + [ids[j][r]]
                 candidates.append((estimate, path))
                 for d in range(j + 1, len(chain)):  # then the rest of the chain
                     estimate, path = estimate + best[d], path + [chain[d]]
                     candidates.append((estimate, path))
         candidates.sort(key=lambda c: (-c[0], len(c[1])))  # a parent before its children, even on ties
-        paths = [path for _, path in candidates[: self.config.tree_size]]
-        paths = [c.tolist() for c in lookup] + paths
-        tokens, parents = tree.from_paths(paths)
-        return Draft(tokens=torch.tensor([tokens], device=logits.device), parents=parents)
+        return [path for _, path in candidates[: self.config.tree_size]]
 
     def _lookups_after(self, chain: list[int], max_depth: int) -> list[np.ndarray]:
         """Prompt lookup seeded by the draft: for j = 1..lookup_after, the chain's first j tokens followed by
