@@ -15,10 +15,11 @@ if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel is decorated, i.e. when triton_kernels is imported
 
 import pytest  # noqa: E402
-import specdec_kernels.dispatch as dispatch  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
+import specdec_kernels.dispatch as dispatch  # noqa: E402
 from specdec_kernels.reference import (  # noqa: E402
     draw_randoms,
     greedy_verify_torch,

@@ -13,10 +13,10 @@ import pytest
 import torch
 from conftest import tiny_model
 from helpers import RandomProposer, RandomTreeProposer
-from specdec_kernels.reference import rejection_sample_torch
 
 from specdec import SamplingParams, SpeculativeDecoder, TargetModel
 from specdec.sampling import logits_to_probs
+from specdec_kernels.reference import rejection_sample_torch
 
 VOCAB = 8
 ALPHA = 1e-4

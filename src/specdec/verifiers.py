@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from specdec_kernels import greedy_verify, rejection_sample
 
 from . import tree
