@@ -177,10 +177,8 @@ class DFlashProposer(Proposer):
         else:  # [B, k, V'], V' = the draft vocabulary
             logits = F.linear(hidden, self.head_weight, self.head_bias)[:, 1: 1 + k]
         if use_tree:
-            if self.config.lookup_after and lookup:
-                chain = self._to_target_ids(logits[0].max(dim=-1).indices).tolist()
-                found = found + self._lookups_after(chain, state.max_draft_tokens)
-            return self._tree(logits[0], found)
+            seeded_depth = state.max_draft_tokens if self.config.lookup_after and lookup else 0
+            return self._tree(logits[0], found, seeded_depth)
         if not sampled:
             # a point mass: the verifier needs no draft probs. max(...).indices is argmax (first index on ties)
             # and several times faster than argmax on bf16 CPU tensors.
@@ -192,16 +190,19 @@ class DFlashProposer(Proposer):
             probs = full.index_copy_(-1, self.vocab_ids, probs)
         return Draft(tokens=self._to_target_ids(picks), probs=probs)
 
-    def _tree(self, logits: torch.Tensor, lookup: list[np.ndarray]) -> Draft:
+    def _tree(self, logits: torch.Tensor, lookup: list[np.ndarray], seeded_depth: int = 0) -> Draft:
         """The `tree_size` draft tokens likeliest to be accepted, as a tree, plus the prompt-lookup
         continuations in `lookup`. A node's estimate is the product of the draft's probabilities along its
         path (EAGLE-2's expansion by confidence; a block drafter scores every slot at once, so the estimate
         treats slots as independent). Estimates only shrink along a path, so the best nodes form a tree.
-        Which paths compete is `expansion`'s choice."""
+        Which paths compete is `expansion`'s choice. With `seeded_depth` > 0, prompt lookup seeded by the
+        chain (`_lookups_after`, paths up to that deep) joins `lookup`."""
         logq = logits.float().log_softmax(dim=-1)  # [k, V']
         width = min(1 + TREE_RUNNER_UPS, logq.shape[-1])
         top = logq.topk(width, dim=-1)  # best first
         values, ids = top.values.tolist(), self._to_target_ids(top.indices).tolist()
+        if seeded_depth:  # the argmax chain is the top-1 column: no second pass over the logits
+            lookup = lookup + self._lookups_after([row[0] for row in ids], seeded_depth)
         if self.config.expansion == "best_first":
             paths = best_first_paths(values, ids, self.config.tree_size)
         else:
