@@ -69,7 +69,7 @@ def test_bench_end_to_end(folders, tmp_path):
     out = tmp_path / "out"
     args = ["bench", "--dataset", "tiny", "--data-dir", folders["data"], "--model", folders["target"],
             "--proposers", "ngram,draft,ngram:one", "--draft", folders["draft"], "--opt", "draft.num_tokens=2",
-            "--opt", "ngram:one.num_tokens=1",
+            "--opt", "ngram:one.num_tokens=1", "--cache", "ngram:one=dynamic",
             "--baselines", "hf-greedy,hf-pld,hf-assisted", "--draft-model", folders["draft"],
             "--max-new-tokens", "10", "--dtype", "float32", "--out", str(out), "--no-progress"]
     result = CliRunner().invoke(main, args)
@@ -104,6 +104,10 @@ def test_bench_end_to_end(folders, tmp_path):
     assert len(runners["draft"]["acceptance_rate_per_position"]) == 2
     assert len(runners["ngram:one"]["acceptance_rate_per_position"]) == 1  # a second ngram, with its own options
     assert results["meta"]["proposer_options"]["ngram:one"]["num_tokens"] == 1
+    # the tiny Llama runs through specdec's native forward unless a runner asks for transformers'
+    assert results["meta"]["caches"] == {"autoregressive": "native", "ngram": "native", "draft": "native",
+                                         "ngram:one": "dynamic"}
+    assert runners["ngram:one"]["cache"] == "dynamic" and runners["hf-greedy"]["cache"] is None
     assert runners["hf-greedy"]["mean_acceptance_length"] is None
     assert runners["hf-greedy"]["time_split_seconds"] is None
     assert set(runners["ngram"]["time_split_seconds"]) == {"prefill", "propose", "verify", "other"}
@@ -170,6 +174,9 @@ def test_bench_bad_input(folders, tmp_path, no_loading):
         (["-d", "tiny", "-p", "ngram", "--opt", "ngram.num_tokens=0"], ["num_tokens"]),
         (["-d", "tiny", "-p", "ngram", "--opt", "draft.num_tokens=2"], ["not in --proposers"]),
         (["-d", "tiny", "-n", "0"], ["--max-new-tokens"]),
+        (["-d", "tiny", "-p", "ngram", "--cache", "ngram=static"], ["unknown cache 'static'", "native"]),
+        (["-d", "tiny", "-p", "ngram", "--cache", "draft=dynamic"], ["names runner 'draft'"]),
+        (["-d", "tiny", "-p", "ngram", "--cache", "ngram"], ["RUNNER=CACHE"]),
     ]
     for args, needles in cases:
         result = CliRunner().invoke(main, base + args)

@@ -86,7 +86,7 @@ class SpeculativeDecoder:
         dtype: str | torch.dtype = "auto",
         draft: str | None = None,
         device: str | torch.device | None = None,
-        cache: str = "dynamic",
+        cache: str = "auto",
         **proposer_options: Any,
     ) -> SpeculativeDecoder:
         """Load a target (None: the embedded SmolLM2-135M-Instruct) and build a proposer for it.
@@ -107,7 +107,7 @@ class SpeculativeDecoder:
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any = None, proposer: str = "autoregressive",
-                   cache: str = "dynamic", **proposer_options: Any) -> SpeculativeDecoder:
+                   cache: str = "auto", **proposer_options: Any) -> SpeculativeDecoder:
         """Wrap an already loaded transformers model (tests and notebooks)."""
         config = build_proposer_config(proposer, proposer_options)
         target = TargetModel(model, tokenizer, cache=cache)

@@ -14,11 +14,11 @@ results.json (schema_version 1; keys are only ever added):
     {"schema_version": 1,
      "meta": {"command", "dataset": {"name", "path", "num_prompts", "num_turns"}, "limit", "max_new_tokens",
               "temperature", "seed", "dtype", "device", "model", "draft", "draft_model", "epsilon",
-              "proposer_options", "baselines", "versions": {"python", "torch", "transformers", "specdec"},
+              "proposer_options", "caches", "baselines", "versions": {"python", "torch", "transformers", "specdec"},
               "platform", "accelerator", "torch_threads", "timestamp", "wall_seconds", "interrupted",
               "peak_rss_mb"},
      "proposers": {NAME: {
-         "kind": "specdec" | "hf",
+         "kind": "specdec" | "hf", "cache": KV cache of a specdec runner ("native", "dynamic", ...) | null,
          "num_prompts", "num_generated_tokens", "seconds",
          "mean_acceptance_length": float | null (hf baselines),
          "acceptance_length_histogram": {"1": steps, "2": steps, ...} | null,
@@ -198,6 +198,26 @@ def parse_proposer_options(pairs: Iterable[str], proposers: Sequence[str],
     return {name: build_proposer_config(proposer_of(name), options) for name, options in raw.items()}
 
 
+def parse_caches(pairs: Iterable[str], runners: Sequence[str]) -> dict[str, str]:
+    """`--cache RUNNER=NAME` pairs -> {runner: cache}; runners not named use "auto"."""
+    from .plugins import get_registry
+
+    known = ["auto", *sorted(get_registry().caches)]
+    caches: dict[str, str] = {}
+    for pair in pairs:
+        runner, sep, name = (part.strip() for part in pair.partition("="))
+        if not sep or not runner or not name:
+            raise SpecdecError(f"--cache {pair!r} is not of the form RUNNER=CACHE; write e.g. "
+                               "--cache autoregressive:hf=dynamic.")
+        if runner not in runners:
+            raise SpecdecError(f"--cache {pair!r} names runner {runner!r}, which is not in --proposers "
+                               f"({', '.join(runners)}).")
+        if name not in known:
+            raise SpecdecError(f"--cache {pair!r}: unknown cache {name!r}; choose one of {', '.join(known)}.")
+        caches[runner] = name
+    return caches
+
+
 @dataclass
 class BenchPlan:
     """Everything `specdec bench` needs, validated; nothing loaded yet."""
@@ -218,6 +238,7 @@ class BenchPlan:
     draft_model: str | None = None
     epsilon: float = DEFAULT_EPSILON
     out: Path = Path("specdec-bench")
+    caches: dict[str, str] = field(default_factory=dict)  # runner -> KV cache; "auto" when absent
     command: str = ""
 
     @property
@@ -230,7 +251,7 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
                dtype: str = "auto", device: str | None = None, model: str | None = None,
                draft: str | None = None, draft_model: str | None = None, data_dir: str | None = None,
                out: str | os.PathLike | None = None, options: Iterable[str] = (),
-               epsilon: float = DEFAULT_EPSILON, command: str = "") -> BenchPlan:
+               epsilon: float = DEFAULT_EPSILON, command: str = "", caches: Iterable[str] = ()) -> BenchPlan:
     """Validate every argument (before any model loads); SpecdecError with one sentence on bad input."""
     from .loading import DTYPES
 
@@ -250,6 +271,7 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
     names = parse_proposers(proposers)
     runner_baselines = parse_baselines(baselines, draft_model)
     configs = parse_proposer_options(options, names, draft)
+    runner_caches = parse_caches(caches, names)
     path, prompts = load_dataset(dataset, data_dir, limit)
     if out is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -261,7 +283,7 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
     return BenchPlan(dataset=dataset, dataset_path=path, prompts=prompts, proposers=configs,
                      baselines=runner_baselines, limit=limit, max_new_tokens=max_new_tokens,
                      temperature=temperature, seed=seed, dtype=dtype, device=device, model=model, draft=draft,
-                     draft_model=draft_model, epsilon=epsilon, out=out, command=command)
+                     draft_model=draft_model, epsilon=epsilon, out=out, command=command, caches=runner_caches)
 
 
 # -- runners ------------------------------------------------------------------------------------------------
@@ -279,6 +301,7 @@ class SpecdecRunner:
     def __init__(self, name: str, decoder: Any) -> None:
         self.name, self.decoder = name, decoder
         self.device = decoder.target.device
+        self.cache = decoder.target.cache_name
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
                  seed: int | None) -> TurnResult:
@@ -337,7 +360,7 @@ def build_runners(plan: BenchPlan, model: Any, tokenizer: Any) -> list[Any]:
 
     runners: list[Any] = []
     for name, config in plan.proposers.items():
-        target = TargetModel(model, tokenizer)
+        target = TargetModel(model, tokenizer, cache=plan.caches.get(name, "auto"))
         proposer = get_proposer_class(proposer_of(name))(config, target)
         runners.append(SpecdecRunner(name, SpeculativeDecoder(target, proposer)))
     if plan.baselines:
@@ -362,6 +385,7 @@ class RunnerRecord:
 
     name: str
     kind: str
+    cache: str | None = None
     turns: list[list[TurnResult]] = field(default_factory=list)
     peak_rss: int = 0
     peak_gpu: int | None = None
@@ -385,7 +409,7 @@ def run_bench(plan: BenchPlan, model: Any = None, tokenizer: Any = None, show_pr
         device = loading.resolve_device(plan.device)
         model, tokenizer = loading.load_model(plan.model, loading.resolve_dtype(plan.dtype, device), device)
     runners = build_runners(plan, model, tokenizer)
-    records = {r.name: RunnerRecord(r.name, r.kind) for r in runners}
+    records = {r.name: RunnerRecord(r.name, r.kind, getattr(r, "cache", None)) for r in runners}
     prompts = plan.prompts
     first = prompts[0]
     warmup = Prompt(id="warmup", turns=first.turns[:1], ids=first.ids)
@@ -502,6 +526,7 @@ def summarize(plan: BenchPlan, model: Any, records: Mapping[str, RunnerRecord], 
         matches[name] = statuses
         entry: dict[str, Any] = {
             "kind": rec.kind,
+            "cache": rec.cache,
             "num_prompts": done,
             "num_generated_tokens": sum(len(t.token_ids) for turns in runs for t in turns),
             "seconds": sum(t.seconds for turns in runs for t in turns),
@@ -561,6 +586,7 @@ def summarize(plan: BenchPlan, model: Any, records: Mapping[str, RunnerRecord], 
         "device": str(model.get_input_embeddings().weight.device), "model": plan.model or "embedded default",
         "draft": plan.draft, "draft_model": plan.draft_model, "epsilon": plan.epsilon,
         "proposer_options": {name: config.model_dump(mode="json") for name, config in plan.proposers.items()},
+        "caches": {name: rec.cache for name, rec in records.items() if rec.cache is not None},
         "baselines": list(plan.baselines), "versions": _versions(), "platform": platform.platform(),
         "accelerator": _accelerator(model), "torch_threads": torch.get_num_threads(),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"), "wall_seconds": wall_seconds,
@@ -590,6 +616,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         + ("; **interrupted: partial results**" if meta["interrupted"] else ""),
         "",
     ]
+    if meta.get("caches"):  # which forward each specdec runner used (native: specdec's own, dynamic: transformers')
+        lines += ["KV cache: " + ", ".join(f"{name} {cache}" for name, cache in meta["caches"].items()), ""]
     # the hf-pld column only when that baseline ran (results written before it existed lack the key)
     with_pld = any(r["speedup"].get("vs_hf_pld") for r in runners.values())
     lines += [

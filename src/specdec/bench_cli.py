@@ -44,6 +44,10 @@ def _quiet_transformers() -> None:
 @click.option("--draft-model", default=None, help="Assistant causal LM for the hf-assisted baseline.")
 @click.option("--opt", "opts", multiple=True, metavar="PROPOSER.KEY=VALUE",
               help="Proposer option, repeatable, e.g. --opt ngram.num_tokens=8.")
+@click.option("--cache", "caches", multiple=True, metavar="RUNNER=CACHE",
+              help="KV cache for one runner, repeatable: auto (the default: native for Llama/Qwen targets, "
+              "else dynamic), native (specdec's own forward) or dynamic (transformers' forward), e.g. "
+              "--cache autoregressive:hf=dynamic.")
 @click.option("--data-dir", default=None, help="Folder of NAME.jsonl datasets (searched first).")
 @click.option("--out", "-o", default=None, help="Output folder (default: specdec-bench/DATASET-TIMESTAMP).")
 @click.option("--epsilon", default=DEFAULT_EPSILON, show_default=True, type=float,
@@ -52,8 +56,8 @@ def _quiet_transformers() -> None:
 @user_errors
 def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None, max_new_tokens: int,
           temperature: float, seed: int, dtype: str, device: str | None, model: str | None, draft: str | None,
-          draft_model: str | None, opts: tuple[str, ...], data_dir: str | None, out: str | None,
-          epsilon: float, no_progress: bool) -> None:
+          draft_model: str | None, opts: tuple[str, ...], caches: tuple[str, ...], data_dir: str | None,
+          out: str | None, epsilon: float, no_progress: bool) -> None:
     """Benchmark proposers (and transformers baselines) on a dataset: acceptance, speed, exact match.
 
     Writes results.json, results.md and PNG plots to --out. Ctrl-C writes what has finished.
@@ -65,7 +69,7 @@ def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None
     plan = plan_bench(dataset, proposers, baselines=baselines, limit=limit, max_new_tokens=max_new_tokens,
                       temperature=temperature, seed=seed, dtype=dtype, device=device, model=model,
                       draft=draft, draft_model=draft_model, data_dir=data_dir, out=out, options=opts,
-                      epsilon=epsilon, command=shlex.join(["specdec", *sys.argv[1:]]))
+                      epsilon=epsilon, command=shlex.join(["specdec", *sys.argv[1:]]), caches=caches)
     _quiet_transformers()
     click.echo(f"bench: {len(plan.prompts)} prompts from {plan.dataset_path}; runners: "
                f"{', '.join(plan.runner_names)}", err=True)

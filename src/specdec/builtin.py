@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .caches import DynamicKVCache
 from .hookspecs import hookimpl
+from .native import NativeKVCache
 from .proposers.autoregressive import AutoregressiveProposer
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NgramProposer
@@ -26,3 +27,4 @@ def register_verifiers(register):
 @hookimpl
 def register_caches(register):
     register(DynamicKVCache)
+    register(NativeKVCache)

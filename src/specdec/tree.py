@@ -38,20 +38,34 @@ def is_chain(parents: Sequence[int]) -> bool:
     return all(parent == j - 1 for j, parent in enumerate(parents))
 
 
-def attention_mask(parents: Sequence[int], past_length: int, dtype: torch.dtype,
-                   device: torch.device) -> torch.Tensor:
-    """Additive mask [1, 1, k+1, past_length + k+1] for the feed [root, draft...] after `past_length` cached
-    positions: 0 where a query may look, the dtype's minimum elsewhere (what eager and SDPA attention add)."""
+def visibility(parents: Sequence[int]) -> torch.Tensor:
+    """Bool [k+1, k+1] over the feed [root, draft...]: True where a node may attend (itself and its ancestors)."""
     k = len(parents)
     sees = torch.zeros(k + 1, k + 1, dtype=torch.bool)
     sees[0, 0] = True
     for j, parent in enumerate(parents):
         sees[j + 1] = sees[parent + 1]  # the root is row 0, draft token j is row j + 1
         sees[j + 1, j + 1] = True
+    return sees
+
+
+def attention_mask(parents: Sequence[int], past_length: int, dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """Additive mask [1, 1, k+1, past_length + k+1] for the feed [root, draft...] after `past_length` cached
+    positions: 0 where a query may look, the dtype's minimum elsewhere (what eager and SDPA attention add)."""
+    k = len(parents)
     # only the [k+1, k+1] tree block crosses to the device; the context columns are zeros made there
     mask = torch.zeros(1, 1, k + 1, past_length + k + 1, dtype=dtype, device=device)
-    tree_block = torch.zeros(k + 1, k + 1, dtype=dtype).masked_fill_(~sees, torch.finfo(dtype).min)
+    tree_block = torch.zeros(k + 1, k + 1, dtype=dtype).masked_fill_(~visibility(parents), torch.finfo(dtype).min)
     mask[0, 0, :, past_length:] = tree_block.to(device)
+    return mask
+
+
+def bool_mask(parents: Sequence[int], past_length: int, device: torch.device) -> torch.Tensor:
+    """The same as `attention_mask` as a bool [k+1, past_length + k+1] (True = may attend), for SDPA directly."""
+    k = len(parents)
+    mask = torch.ones(k + 1, past_length + k + 1, dtype=torch.bool, device=device)
+    mask[:, past_length:] = visibility(parents).to(device)
     return mask
 
 
