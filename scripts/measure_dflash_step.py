@@ -1,6 +1,7 @@
 """Time one DFlash draft step against one target verification step and one plain 1-token decoding step.
 
     python scripts/measure_dflash_step.py [--draft PATH] [--block-size N] [--dtype bfloat16|float32] [--repeats 30]
+                                          [--cache auto|native|dynamic]
 
 All are timed in the same process, interleaved, after a warm-up; medians are reported, with the draft's
 KV-cache bytes per context token. When the draft has a reduced vocabulary (draft_vocab.json), the same
@@ -28,13 +29,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--context", type=int, default=256, help="committed tokens before the timed step")
+    parser.add_argument("--cache", default="auto", help="the target's KV cache (native: specdec's own forward)")
     args = parser.parse_args()
     options = {"tree_size": 0, "lookup": 0}  # the draft's own chain step; trees are measured by `specdec bench`
     if args.draft:
         options["draft"] = args.draft
     if args.block_size:
         options["block_size"] = args.block_size
-    decoder = SpeculativeDecoder.from_pretrained(proposer="dflash", dtype=args.dtype, **options)
+    decoder = SpeculativeDecoder.from_pretrained(proposer="dflash", dtype=args.dtype, cache=args.cache, **options)
     target, proposer = decoder.target, decoder.proposer
     proposers = [proposer]
     if proposer.vocab_ids is not None:  # the same draft over the whole vocabulary, for comparison

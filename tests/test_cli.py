@@ -62,6 +62,17 @@ def test_unknown_proposer_lists_known(model_dir):
                        "ngram", "autoregressive")
 
 
+def test_unknown_cache_lists_known(model_dir):
+    assert_clean_error(run_cli("run", "--model", model_dir, "--cache", "paged", "hi"), "Unknown cache 'paged'",
+                       "dynamic", "native")
+
+
+def test_both_caches_give_the_same_tokens(model_dir):
+    ids = [json.loads(run_cli("run", "--model", model_dir, "-p", "ngram", "--cache", cache, "--json", "-n", "12",
+                              "w5 w6 w7 w5 w6").output)["token_ids"] for cache in ("native", "dynamic")]
+    assert ids[0] == ids[1] and len(ids[0]) == 12
+
+
 def test_unknown_option(model_dir):
     assert_clean_error(run_cli("run", "--model", model_dir, "-p", "ngram", "--opt", "speed=9", "hi"),
                        "Unknown option 'speed'", "num_tokens")

@@ -13,7 +13,7 @@ from . import loading
 from .contracts import Proposer, ProposerConfig
 from .engine import Engine, GenerationStats
 from .errors import SpecdecError
-from .plugins import get_proposer_class, get_registry, get_verifier_class
+from .plugins import get_cache_class, get_proposer_class, get_registry, get_verifier_class
 from .sampling import SamplingParams
 from .target import TargetModel
 
@@ -99,6 +99,8 @@ class SpeculativeDecoder:
         if draft is not None:
             options["draft"] = draft
         config = build_proposer_config(name, options)
+        if cache != "auto":
+            get_cache_class(cache)  # an unknown name fails here, before the model loads
         torch_device = loading.resolve_device(device)
         torch_dtype = loading.resolve_dtype(dtype, torch_device)
         hf_model, tokenizer = loading.load_model(model, torch_dtype, torch_device)

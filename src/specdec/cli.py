@@ -59,12 +59,14 @@ def main() -> None:
 @click.option("--dtype", default="auto", show_default=True,
               type=click.Choice(["auto", "float32", "bfloat16", "float16"]))
 @click.option("--device", default=None, help="cpu, cuda, cuda:1 ... Default: cuda when available.")
+@click.option("--cache", default="auto", show_default=True, help="Target KV cache: auto (native for Llama/Qwen "
+              "targets, else dynamic), native (specdec's own forward, bit-identical), dynamic (transformers').")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
 @user_errors
 def run(prompt: str, proposer: str | None, model: str | None, draft: str | None, opts: tuple[str, ...],
         max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
-        stop: tuple[str, ...], dtype: str, device: str | None, raw: bool, as_json: bool) -> None:
+        stop: tuple[str, ...], dtype: str, device: str | None, cache: str, raw: bool, as_json: bool) -> None:
     """Generate a reply to PROMPT (a user message) with speculative decoding."""
     from .api import SpeculativeDecoder, build_proposer_config, default_proposer, validate_generation_args
     from .sampling import SamplingParams
@@ -76,7 +78,8 @@ def run(prompt: str, proposer: str | None, model: str | None, draft: str | None,
         options["draft"] = draft
     name = proposer or default_proposer(model)
     build_proposer_config(name, options)  # validate before loading anything
-    decoder = SpeculativeDecoder.from_pretrained(model, proposer=name, dtype=dtype, device=device, **options)
+    decoder = SpeculativeDecoder.from_pretrained(model, proposer=name, dtype=dtype, device=device, cache=cache,
+                                                 **options)
     stream = not as_json and sys.stdout.isatty()
     on_text = (lambda text: (click.echo(text, nl=False), sys.stdout.flush())) if stream else None
     out = decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
