@@ -14,6 +14,7 @@ from specdec import SpeculativeDecoder
 from specdec.errors import SpecdecError
 from specdec.native import NativeKVCache, unsupported_reason
 from specdec.target import TargetModel
+from specdec.tree import from_paths
 
 
 def paired(kind: str, dtype: torch.dtype, seed: int = 0, **kwargs) -> tuple[TargetModel, TargetModel]:
@@ -114,3 +115,77 @@ def test_native_cache_rejects_a_different_batch_without_reset():
     cache.reserve(2, 1, 2, 8, 4, torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="batch of 1 rows"):
         cache.reserve(2, 3, 2, 8, 4, torch.float32, torch.device("cpu"))
+
+
+def build(kind: str, dtype: torch.dtype = torch.float32, **overrides):
+    """A tiny model of one of the architectures the native forward covers, with config overrides."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+               "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+    config_class, model_class = classes[kind]
+    fields = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+    fields.update(overrides)
+    torch.manual_seed(0)
+    model = model_class(config_class(**fields))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)  # norms and biases away from their 1/0 defaults
+    return model.to(dtype).eval()
+
+
+VARIANTS = {
+    "qwen2 (q/k/v bias, tied embeddings)": lambda dt: build("qwen2", dt, tie_word_embeddings=True),
+    "llama (attention and MLP bias, head 16, one kv head)": lambda dt: build(
+        "llama", dt, attention_bias=True, mlp_bias=True, head_dim=16, num_key_value_heads=1),
+    "llama (no GQA)": lambda dt: build("llama", dt, num_key_value_heads=4),
+    "llama (llama3 rope scaling)": lambda dt: build("llama", dt, rope_parameters=dict(
+        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=64)),
+    "qwen3 (GQA heads of 288)": lambda dt: build("qwen3", dt, head_dim=288),
+    "llama (config runs 2 of 3 layers)": lambda dt: build("llama", dt, num_hidden_layers=3),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_architecture_variants_match_transformers_bit_for_bit(variant, dtype):
+    model = VARIANTS[variant](dtype)
+    if variant.startswith("llama (config runs 2"):
+        model.config.num_hidden_layers = 2  # transformers then runs only the first two layers
+    assert unsupported_reason(model) is None
+    native, reference = TargetModel(model, cache="native"), TargetModel(model, cache="dynamic")
+    for target in (native, reference):
+        target.request_taps([0, 1])
+    gen = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, 128, (2, 90), generator=gen)  # 90 + 3 steps: past 64 (llama3 scaling) and a batch
+    tokens, parents = from_paths([[5, 6, 7], [5, 9], [11]])
+    tree_feed = torch.cat([prompt[:, -1:], torch.tensor([tokens, tokens])], dim=1)
+    assert_same(native.prefill(prompt[:, :-1]), reference.prefill(prompt[:, :-1]))
+    assert_same(native.forward(tree_feed, tree_parents=parents), reference.forward(tree_feed, tree_parents=parents))
+    for target in (native, reference):
+        target.retain(89, torch.tensor([0, 1, 2]))  # the root and the path 5, 9
+    for n in (1, 4):
+        feed = torch.randint(0, 128, (2, n), generator=gen)
+        assert_same(native.forward(feed), reference.forward(feed))
+
+
+def test_what_the_native_forward_does_not_cover_falls_back_with_the_reason():
+    causal_off = build("qwen3", is_causal=False)
+    assert "is_causal=False" in unsupported_reason(causal_off)
+    sliding = build("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    assert "sliding" in unsupported_reason(sliding)
+    hooked = build("llama")
+    hooked.model.layers[1].register_forward_hook(lambda module, args, output: output)  # e.g. steering
+    assert "module model.layers.1 has forward hooks" in unsupported_reason(hooked)
+    assert TargetModel(hooked).cache_name == "dynamic"
+    replaced = build("llama")
+    replaced.model.layers[0].mlp.up_proj = torch.nn.Sequential(replaced.model.layers[0].mlp.up_proj)
+    assert "not plain nn.Linear" in unsupported_reason(replaced)
+
+
+def test_specdec_tap_hooks_do_not_stop_other_adapters_from_going_native():
+    model = build("llama")
+    TargetModel(model, cache="dynamic").request_taps([1])  # transformers' path taps with forward hooks
+    assert TargetModel(model).cache_name == "native"

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .contracts import KVCache
 
@@ -31,8 +32,17 @@ SUPPORTED = {
 }
 
 
+def is_specdec_hook(hook: Any) -> bool:
+    return bool(getattr(hook, "specdec_tap", False))
+
+
 def unsupported_reason(model: nn.Module) -> str | None:
-    """None when `NativeForward` reproduces this model's forward exactly; otherwise why it does not."""
+    """None when `NativeForward` reproduces this model's forward exactly; otherwise why it does not.
+
+    Forward hooks count against it: the native forward does not call the modules, so a hook that changes
+    activations (steering, adapters, offloading) would be skipped silently. specdec's own tap hooks are
+    the exception. Hooks added after a TargetModel was made are not seen; make the TargetModel after them.
+    """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
@@ -40,6 +50,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     layer_class, _ = SUPPORTED[model_type]
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
+    if layers is not None:
+        layers = layers[: config.num_hidden_layers]  # transformers runs only these
     if layers is None or any(type(layer).__name__ != layer_class for layer in layers):
         return f"its decoder layers are not all transformers' {layer_class}"
     if getattr(config, "_attn_implementation", None) != "sdpa":
@@ -50,6 +62,12 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return "some layers use sliding-window attention"
     if getattr(config, "use_sliding_window", False):
         return "it uses sliding-window attention"
+    if not getattr(config, "is_causal", True):
+        return "its config asks for bidirectional attention (is_causal=False)"
+    for name, module in model.named_modules():
+        hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+        if hasattr(module, "_hf_hook") or any(not is_specdec_hook(hook) for hook in hooks):
+            return f"module {name or 'model'} has forward hooks, which only transformers' forward would run"
     if type(model.get_output_embeddings()) is not nn.Linear:
         return "its LM head is not a plain nn.Linear"
     for layer in layers:
@@ -145,6 +163,7 @@ class NativeForward:
         self.num_kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.qk_norm = SUPPORTED[config.model_type][1]
+        self.layers = self.inner.layers[: config.num_hidden_layers]  # transformers runs only these
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: NativeKVCache | None,
@@ -162,11 +181,16 @@ class NativeForward:
         start = 0
         if cache is not None:
             start = cache.length()
-            cache.reserve(len(self.inner.layers), batch, kv_heads, head_dim, n, x.dtype, x.device)
+            cache.reserve(len(self.layers), batch, kv_heads, head_dim, n, x.dtype, x.device)
         if attention_mask is None and start > 0 and n > 1:  # causal among the new tokens, all of the past
             attention_mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril_(start)
+        mask4d = None if attention_mask is None else attention_mask[None, None]
+        # transformers repeats the key/value heads for masked GQA steps (CUDA's kernels need it); on the CPU,
+        # SDPA's own GQA gives the same bits for heads up to 256 wide (tests/test_native.py) without copying the
+        # cache three times over each layer
+        cpu_gqa = x.device.type == "cpu" and kv_heads != heads and head_dim <= 256
         taps: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.inner.layers):
+        for i, layer in enumerate(self.layers):
             attention, mlp = layer.self_attn, layer.mlp
             h = _rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
             q = F.linear(h, attention.q_proj.weight, attention.q_proj.bias).view(batch, n, heads, head_dim)
@@ -182,10 +206,13 @@ class NativeForward:
                 cache.keys[i, :, :, start: start + n] = k
                 cache.values[i, :, :, start: start + n] = v
                 k, v = cache.keys[i, :, :, : start + n], cache.values[i, :, :, : start + n]
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attention_mask, scale=attention.scaling,
-                is_causal=attention_mask is None and n > 1, enable_gqa=kv_heads != heads)
-            out = out.transpose(1, 2).reshape(batch, n, heads * head_dim)
+            if cpu_gqa:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=attention.scaling,
+                                                     is_causal=attention_mask is None and n > 1, enable_gqa=True)
+                out = out.transpose(1, 2)
+            else:  # transformers' own wrapper, so its choice of kernel path (and rounding) is taken, not copied
+                out, _ = sdpa_attention_forward(attention, q, k, v, mask4d, dropout=0.0, scaling=attention.scaling)
+            out = out.reshape(batch, n, heads * head_dim)
             x = x + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
             h = _rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
             gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)

@@ -137,7 +137,8 @@ class TargetModel:
             if layer_id in self._tap_ids:
                 continue
             self._tap_ids.append(layer_id)
-            self._hooks.append(self._layers[layer_id].register_forward_hook(self._make_hook(layer_id)))
+            if self._native is None:  # the native forward reads its taps itself
+                self._hooks.append(self._layers[layer_id].register_forward_hook(self._make_hook(layer_id)))
 
     def _make_hook(self, layer_id: int):
         def hook(_module, _inputs, output):
@@ -145,6 +146,7 @@ class TargetModel:
             if layer_id == self._stop_after:
                 raise _TapsComplete
 
+        hook.specdec_tap = True  # type: ignore[attr-defined]  # not a user hook (see native.unsupported_reason)
         return hook
 
     # -- cache and forwards -------------------------------------------------------------------------
