@@ -117,6 +117,7 @@ def test_bench_end_to_end(folders, tmp_path):
 
     markdown = (out / "results.md").read_text()
     assert "| runner | mean acceptance length" in markdown and "| ngram |" in markdown
+    assert "KV cache: autoregressive native, ngram native, draft native, ngram:one dynamic" in markdown
     assert "| speedup vs hf-pld |" in markdown and "| hf-pld | n/a |" in markdown
     lines = markdown.splitlines()
     top = next(i for i, line in enumerate(lines) if line.startswith("| runner |"))
