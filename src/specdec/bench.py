@@ -313,6 +313,7 @@ class HFRunner:
     """transformers `generate` on the same model object, timed with perf_counter around the call."""
 
     kind = "hf"
+    cache = None  # transformers' generate manages its own
 
     def __init__(self, name: str, model: Any, eos_token_ids: Iterable[int], pad_token_id: int | None,
                  assistant_model: Any = None) -> None:
@@ -409,7 +410,7 @@ def run_bench(plan: BenchPlan, model: Any = None, tokenizer: Any = None, show_pr
         device = loading.resolve_device(plan.device)
         model, tokenizer = loading.load_model(plan.model, loading.resolve_dtype(plan.dtype, device), device)
     runners = build_runners(plan, model, tokenizer)
-    records = {r.name: RunnerRecord(r.name, r.kind, getattr(r, "cache", None)) for r in runners}
+    records = {r.name: RunnerRecord(r.name, r.kind, r.cache) for r in runners}
     prompts = plan.prompts
     first = prompts[0]
     warmup = Prompt(id="warmup", turns=first.turns[:1], ids=first.ids)

@@ -49,24 +49,21 @@ def visibility(parents: Sequence[int]) -> torch.Tensor:
     return sees
 
 
-def attention_mask(parents: Sequence[int], past_length: int, dtype: torch.dtype,
-                   device: torch.device) -> torch.Tensor:
-    """Additive mask [1, 1, k+1, past_length + k+1] for the feed [root, draft...] after `past_length` cached
-    positions: 0 where a query may look, the dtype's minimum elsewhere (what eager and SDPA attention add)."""
-    k = len(parents)
-    # only the [k+1, k+1] tree block crosses to the device; the context columns are zeros made there
-    mask = torch.zeros(1, 1, k + 1, past_length + k + 1, dtype=dtype, device=device)
-    tree_block = torch.zeros(k + 1, k + 1, dtype=dtype).masked_fill_(~visibility(parents), torch.finfo(dtype).min)
-    mask[0, 0, :, past_length:] = tree_block.to(device)
-    return mask
-
-
 def bool_mask(parents: Sequence[int], past_length: int, device: torch.device) -> torch.Tensor:
-    """The same as `attention_mask` as a bool [k+1, past_length + k+1] (True = may attend), for SDPA directly."""
+    """Bool [k+1, past_length + k+1] for the feed [root, draft...] after `past_length` cached positions: True
+    where a query may look. Only the [k+1, k+1] tree block crosses to the device; the rest is made there."""
     k = len(parents)
     mask = torch.ones(k + 1, past_length + k + 1, dtype=torch.bool, device=device)
     mask[:, past_length:] = visibility(parents).to(device)
     return mask
+
+
+def attention_mask(parents: Sequence[int], past_length: int, dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """`bool_mask` as the additive [1, 1, k+1, past_length + k+1] that eager and SDPA attention add: 0 where a
+    query may look, the dtype's minimum elsewhere."""
+    sees = bool_mask(parents, past_length, device)
+    return torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill_(~sees, torch.finfo(dtype).min)[None, None]
 
 
 def walk(choose: Callable[[int], int], tokens: Sequence[int], parents: Sequence[int]) -> tuple[list[int], int]:
