@@ -246,3 +246,10 @@ def test_torchrun_ddp_two_processes(tiny_setup, tmp_path):
     assert (run / "draft" / "model.safetensors").is_file()
     assert len(json.loads((run / "draft" / "draft_vocab.json").read_text())["token_ids"]) == 40  # broadcast subset
     assert sys.executable
+
+
+def test_unknown_cache_is_refused_before_the_model_loads(tiny_setup, tmp_path):
+    root, model_dir, data_dir = tiny_setup
+    result = CliRunner().invoke(main, ["train", "--proposer", "dflash", "--model", str(tmp_path / "absent"),
+                                       "--data", data_dir, "--out", str(tmp_path / "run"), "--cache", "paged"])
+    assert result.exit_code == 2 and "Unknown cache 'paged'" in result.output

@@ -70,24 +70,28 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
 @click.option("--max-minutes", default=None, type=float, help="Stop (with a checkpoint) after this long.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--dtype", default="auto", show_default=True, help="Dtype of the frozen target.")
+@click.option("--cache", default="auto", show_default=True,
+              help="The frozen target's KV cache and forward: auto, native or dynamic (see `specdec run --help`).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--no-progress", is_flag=True, help="Print one JSON line per checkpoint instead of a progress bar.")
 @user_errors
 def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_ratio, sequences_per_step,
-          max_sequence_length, save_every, eval_every, eval_prompts, max_minutes, seed, dtype, resume,
+          max_sequence_length, save_every, eval_every, eval_prompts, max_minutes, seed, dtype, cache, resume,
           no_progress) -> None:
     """Train a draft for PROPOSER on target-regenerated data (works under torchrun for DDP)."""
     import torch
     from pydantic import ValidationError
 
     from .. import loading
-    from ..plugins import get_objective_class, get_proposer_class
+    from ..plugins import get_cache_class, get_objective_class, get_proposer_class
     from ..target import TargetModel
     from .data import DataDir
     from .trainer import TrainSettings
     from .trainer import train as run_training
 
     get_proposer_class(proposer)
+    if cache != "auto":
+        get_cache_class(cache)  # an unknown name fails here, before the model loads
     objective_cls = get_objective_class(proposer)
     options = parse_options(opts)
     try:
@@ -106,7 +110,7 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     hf_model, tokenizer = loading.load_model(model, loading.resolve_dtype(dtype, device), device)
-    target = TargetModel(hf_model, tokenizer)
+    target = TargetModel(hf_model, tokenizer, cache=cache)
     run = os.path.abspath(run_dir)
     if resume and os.path.isdir(os.path.join(run, "draft")):
         # architecture (and draft vocabulary) from the run's own checkpoint, whatever --init said; weights
