@@ -51,7 +51,8 @@ def embedded_model_dir() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                 use_kernels=False)
     # The weights are dequantised float32 now; drop the GGUF marker so transformers will serialise them.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -117,11 +118,14 @@ def load_model(name: str | None, dtype: torch.dtype, device: torch.device) -> tu
             raise SpecdecError(f"Model folder {name} does not exist; check the path.")
         if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
             raise SpecdecError(f"{name} has no config.json; point --model at a transformers model folder.")
+    # no hub kernels: transformers >= 5.24 swaps layers for kernels fetched from the hub by default on a
+    # machine with the `kernels` package (or refuses to load without it), which needs network access at
+    # load time and changes the target's numerics
     kwargs: dict[str, Any] = {"trust_remote_code": False}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_kernels=False, **kwargs)
         tokenizer = _load_tokenizer(AutoTokenizer, folder, kwargs)
     except OSError as exc:
         raise SpecdecError(f"Could not load model {name!r}: {str(exc).splitlines()[0]}; give a local folder "
