@@ -26,7 +26,8 @@ class ProposerConfig(BaseModel):
 class Draft:
     """Tokens a proposer suggests after the last committed token.
 
-    tokens: LongTensor [B, k]. probs: optional [B, k, V], the distribution each token was drawn from;
+    tokens: LongTensor [B, k], on any device (the engine moves tokens and probs to the target's).
+    probs: optional [B, k, V], the distribution each token was drawn from;
     without it the draft is a point mass (the verifier accepts iff the target would have produced it).
     parents: optional, a tree instead of a chain (see `specdec.tree`): k ints, the index of each token's
     parent in `tokens` or -1 for a child of the last committed token, parents before children, the same

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -208,6 +208,7 @@ class Engine:
             current = state(max_draft)
             draft = self.proposer.propose(current) if max_draft > 0 else empty
             self._check_draft(draft, current)
+            draft = _on_device(draft, buffer.device)
             t1 = time.perf_counter()
             feed = torch.cat([buffer[:, length - 1: length], draft.tokens.to(buffer.dtype)], dim=1)
             parents = None if draft.parents is None or tree.is_chain(draft.parents) else draft.parents
@@ -258,3 +259,11 @@ class Engine:
         stats.num_generated_tokens = len(generated)
         stats.wall_seconds = time.perf_counter() - start
         return EngineResult(token_ids=generated, stats=stats, stop_reason=stop_reason)
+
+
+def _on_device(draft: Draft, device: torch.device) -> Draft:
+    """The draft on the target's device: a proposer may well draft on the host (n-gram tables, a CPU draft)."""
+    if draft.tokens.device == device and (draft.probs is None or draft.probs.device == device):
+        return draft
+    return replace(draft, tokens=draft.tokens.to(device),
+                   probs=None if draft.probs is None else draft.probs.to(device))

@@ -118,9 +118,9 @@ def load_model(name: str | None, dtype: torch.dtype, device: torch.device) -> tu
             raise SpecdecError(f"Model folder {name} does not exist; check the path.")
         if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
             raise SpecdecError(f"{name} has no config.json; point --model at a transformers model folder.")
-    # no hub kernels: transformers >= 5.24 swaps layers for kernels fetched from the hub by default on a
-    # machine with the `kernels` package (or refuses to load without it), which needs network access at
-    # load time and changes the target's numerics
+    # no hub kernels: by default transformers 5.25 kernelizes a model with layers fetched from the hub
+    # (the `kernels` package; without it, loading fails), which needs the network and changes the target's
+    # numerics from one machine to the next
     kwargs: dict[str, Any] = {"trust_remote_code": False}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
