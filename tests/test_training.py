@@ -253,3 +253,50 @@ def test_unknown_cache_is_refused_before_the_model_loads(tiny_setup, tmp_path):
     result = CliRunner().invoke(main, ["train", "--proposer", "dflash", "--model", str(tmp_path / "absent"),
                                        "--data", data_dir, "--out", str(tmp_path / "run"), "--cache", "paged"])
     assert result.exit_code == 2 and "Unknown cache 'paged'" in result.output
+
+
+def test_packed_batch_loss_equals_the_mean_of_single_sequence_losses():
+    """Several sequences in one padded forward: the same anchors, loss and gradients as one at a time,
+    including a sequence shorter than a block and one with no anchor at all."""
+    target = TargetModel(tiny_model("llama", seed=4), tiny_tokenizer())  # float64: autocast leaves it alone
+    objective = DFlashObjective(DFlashObjective.Config(num_layers=2, block_size=4, num_anchors=5, mask_token_id=4),
+                                target)
+    objective.draft.double()
+    sequences = [([2, 30, 3] + list(range(31, 41)), 3), ([2, 7, 3, 8, 9, 10], 3), ([2, 5, 3], 3),
+                 ([2, 11, 3] + list(range(12, 30)), 3), ([9, 9], 1)]
+    batch = [(torch.tensor(t), torch.tensor([0] * p + [1] * (len(t) - p), dtype=torch.bool)) for t, p in sequences]
+
+    def run(packed: bool):
+        objective.draft.zero_grad(set_to_none=True)
+        gen = torch.Generator().manual_seed(0)
+        if packed:
+            loss, info = objective.batch_loss(batch, gen)
+        else:
+            results = [objective.loss(tokens, mask, gen) for tokens, mask in batch]
+            loss = torch.stack([r[0] for r in results]).mean()
+            info = {"accuracy": sum(r[1]["accuracy"] for r in results) / len(results)}
+        loss.backward()
+        return loss.detach(), info, {n: p.grad.clone() for n, p in objective.draft.named_parameters()}
+
+    loss_one, info_one, grads_one = run(packed=False)
+    loss_all, info_all, grads_all = run(packed=True)
+    assert loss_one > 0
+    # the logits are cast to float32 before the cross-entropy, so sums agree to float32 rounding
+    assert torch.allclose(loss_all.double(), loss_one.double(), rtol=1e-6, atol=0)
+    assert info_all["accuracy"] == pytest.approx(info_one["accuracy"])
+    for name, grad in grads_one.items():
+        assert torch.allclose(grads_all[name], grad, rtol=1e-5, atol=1e-9), name
+
+
+def test_training_with_packed_forwards(tiny_setup, tmp_path):
+    root, model_dir, data_dir = tiny_setup
+    args = ["train", "--proposer", "dflash", "--model", model_dir, "--data", data_dir, "--out", str(tmp_path / "run"),
+            "--dtype", "float32", "--opt", "num_layers=1", "--opt", "block_size=4", "--opt", "num_anchors=8",
+            "--opt", "mask_token_id=4", "--lr", "3e-3", "--save-every", "4", "--eval-prompts", "1", "--steps", "8",
+            "--sequences-per-step", "4", "--sequences-per-forward", "3", "--no-progress"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    history = json.loads((tmp_path / "run" / "trainer_state.json").read_text())["history"]
+    assert [h["step"] for h in history] == [4, 8] and history[-1]["loss"] < history[0]["loss"]
+    bad = CliRunner().invoke(main, args[:-2] + ["0", "--no-progress"])
+    assert bad.exit_code == 2 and "--sequences-per-forward" in bad.output

@@ -197,31 +197,66 @@ class DFlashObjective(TrainingObjective):
 
     def loss(self, tokens: torch.Tensor, loss_mask: torch.Tensor,
              generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.batch_loss([(tokens, loss_mask)], generator)
+
+    def batch_loss(self, sequences: list[tuple[torch.Tensor, torch.Tensor]],
+                   generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        """Mean over the sequences of each one's weighted loss, in one target and one draft forward.
+
+        Sequences are right-padded to the longest (the causal target never looks ahead, and no block's
+        mask reaches past its own anchor) and their anchor blocks to the most anchors; a padding block
+        sees only itself and carries no label.
+        """
         device = self.target.device
-        tokens, loss_mask = tokens.to(device), loss_mask.to(device)
-        anchors = sample_anchors(loss_mask, self.config.num_anchors, generator).to(device)
-        if anchors.numel() == 0:
+        size, mask_id = self.block_size, self.draft.config.mask_token_id
+        drawn = []
+        for tokens, loss_mask in sequences:  # anchors drawn in order: the same draws as one by one
+            tokens = tokens.to(device)
+            drawn.append((tokens, sample_anchors(loss_mask.to(device), self.config.num_anchors, generator).to(device)))
+        count = len(drawn)
+        if all(anchors.numel() == 0 for _, anchors in drawn):
             zero = sum(p.sum() for p in self.draft.parameters()) * 0.0
             return zero, {"loss": 0.0, "accuracy": 0.0}
-        length = tokens.shape[0]
-        tapped = self.target.tap_hidden_states(tokens.unsqueeze(0)).tapped(self.draft.config.target_layer_ids)
+        length = max(tokens.shape[0] for tokens, _ in drawn)
+        blocks = max(anchors.numel() for _, anchors in drawn)
+        width = blocks * size
+        batch_tokens = torch.zeros(count, length, dtype=torch.long, device=device)
+        ids = torch.full((count, width), mask_id, dtype=torch.long, device=device)
+        positions = torch.zeros(count, width, dtype=torch.long, device=device)
+        labels = torch.full((count, blocks, size - 1), -100, dtype=torch.long, device=device)
+        valid = torch.zeros(count, blocks, size - 1, dtype=torch.bool, device=device)
+        mask = torch.zeros(count, 1, width, length + width, dtype=torch.bool, device=device)
+        own = torch.arange(width, device=device)
+        mask[:, 0, own, length + own] = True  # padding slots see themselves: no row of the mask is empty
+        for row, (tokens, anchors) in enumerate(drawn):
+            batch_tokens[row, : tokens.shape[0]] = tokens
+            used = anchors.numel() * size
+            if not used:
+                continue
+            row_ids, row_positions, row_labels, row_valid = block_inputs(tokens, anchors, size, mask_id)
+            ids[row, :used], positions[row, :used] = row_ids, row_positions
+            labels[row, : anchors.numel()], valid[row, : anchors.numel()] = row_labels, row_valid
+            packed = packed_attention_mask(anchors, tokens.shape[0], size)
+            mask[row, 0, :used, : tokens.shape[0]] = packed[:, : tokens.shape[0]]
+            mask[row, 0, :used, length: length + used] = packed[:, tokens.shape[0]:]
+        tapped = self.target.tap_hidden_states(batch_tokens).tapped(self.draft.config.target_layer_ids)
         tapped = tapped.clone()  # an inference-mode tensor cannot be saved for backward; a clone can
-        ids, positions, labels, valid = block_inputs(tokens, anchors, self.block_size, self.draft.config.mask_token_id)
-        mask = packed_attention_mask(anchors, length, self.block_size)
+        context_positions = torch.arange(length, device=device).unsqueeze(0).expand(count, -1)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type in ("cpu", "cuda")):
-            embeds = self.target.embed_tokens(ids.unsqueeze(0)).detach()
-            hidden = self.draft(embeds, tapped, torch.arange(length, device=device).unsqueeze(0),
-                                positions.unsqueeze(0), attention_mask=mask)
-            hidden = hidden.view(anchors.shape[0], self.block_size, -1)[:, 1:]  # slots 1..B-1
-            logits = self.draft_logits(hidden.contiguous()).float()  # [A, B-1, V']
+            embeds = self.target.embed_tokens(ids).detach()
+            hidden = self.draft(embeds, tapped, context_positions, positions, attention_mask=mask)
+            hidden = hidden.view(count, blocks, size, -1)[:, :, 1:]  # slots 1..B-1
+            logits = self.draft_logits(hidden.contiguous()).float()  # [N, A, B-1, V']
         labels = self.draft_labels(labels)
         valid = valid & (labels >= 0)  # a token outside the draft vocabulary cannot be drafted: no loss there
-        ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
-        weights = self.weights.unsqueeze(0) * valid
-        loss = (ce.view_as(weights) * weights).sum() / weights.sum().clamp(min=1e-6)
+        ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none")
+        weights = self.weights * valid
+        per_sequence = (ce.view_as(weights) * weights).sum((1, 2)) / weights.sum((1, 2)).clamp(min=1e-6)
+        loss = per_sequence.mean()
         with torch.no_grad():  # slot-1 accuracy (the first draft token); argmax over slot 1 only, it is not cheap
-            correct = (logits[:, 0].argmax(-1) == labels[:, 0]) & valid[:, 0]
-            accuracy = correct.float().mean().item()
+            correct = ((logits[:, :, 0].argmax(-1) == labels[:, :, 0]) & valid[:, :, 0]).sum(1)
+            anchors_per_row = torch.tensor([max(a.numel(), 1) for _, a in drawn], device=device)
+            accuracy = (correct / anchors_per_row).mean().item()
         return loss, {"loss": float(loss.detach()), "accuracy": accuracy}
 
     def proposer_options(self, folder: str | Path) -> dict[str, Any]:

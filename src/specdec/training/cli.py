@@ -63,6 +63,8 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
 @click.option("--lr", default=6e-4, show_default=True, type=float)
 @click.option("--warmup-ratio", default=0.04, show_default=True, type=float)
 @click.option("--sequences-per-step", default=2, show_default=True, type=int)
+@click.option("--sequences-per-forward", default=1, show_default=True, type=int,
+              help="Pack this many of a step's sequences into one batched forward (on a GPU: the step's count).")
 @click.option("--max-sequence-length", default=1024, show_default=True, type=int)
 @click.option("--save-every", default=100, show_default=True, type=int)
 @click.option("--eval-every", default=0, show_default=True, type=int, help="0 = only at the end.")
@@ -76,8 +78,8 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
 @click.option("--no-progress", is_flag=True, help="Print one JSON line per checkpoint instead of a progress bar.")
 @user_errors
 def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_ratio, sequences_per_step,
-          max_sequence_length, save_every, eval_every, eval_prompts, max_minutes, seed, dtype, cache, resume,
-          no_progress) -> None:
+          sequences_per_forward, max_sequence_length, save_every, eval_every, eval_prompts, max_minutes, seed,
+          dtype, cache, resume, no_progress) -> None:
     """Train a draft for PROPOSER on target-regenerated data (works under torchrun for DDP)."""
     import torch
     from pydantic import ValidationError
@@ -101,10 +103,12 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
         key = ".".join(str(p) for p in err["loc"])
         raise SpecdecError(f"Invalid training option {key!r} for {proposer!r}: {err['msg']}; known options: "
                            f"{', '.join(objective_cls.Config.model_fields)}.") from None
-    if steps < 1 or sequences_per_step < 1 or save_every < 1:
-        raise SpecdecError("--steps, --sequences-per-step and --save-every must be at least 1.")
+    if min(steps, sequences_per_step, sequences_per_forward, save_every) < 1:
+        raise SpecdecError("--steps, --sequences-per-step, --sequences-per-forward and --save-every must be at "
+                           "least 1.")
     DataDir(data_dir).read_index()
     settings = TrainSettings(steps=steps, lr=lr, warmup_ratio=warmup_ratio, sequences_per_step=sequences_per_step,
+                             sequences_per_forward=sequences_per_forward,
                              max_sequence_length=max_sequence_length, save_every=save_every, eval_every=eval_every,
                              eval_prompts=eval_prompts, seed=seed, max_minutes=max_minutes)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -39,6 +39,17 @@ class TrainingObjective:
         """tokens, loss_mask: [T] for one sequence -> (scalar loss, metrics for the progress bar)."""
         raise NotImplementedError
 
+    def batch_loss(self, sequences: list[tuple[torch.Tensor, torch.Tensor]],
+                   generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        """The mean of `loss` over several sequences, in as few forwards as the objective can manage.
+
+        This default runs them one by one; an objective that can pack them into one batch overrides it
+        (on a GPU, small per-sequence forwards leave the card idle between kernel launches).
+        """
+        losses, metrics = zip(*(self.loss(tokens, mask, generator) for tokens, mask in sequences), strict=True)
+        mean = {key: sum(m[key] for m in metrics) / len(metrics) for key in metrics[0]}
+        return torch.stack(list(losses)).mean(), mean
+
     def use_data(self, data: DataDir) -> None:
         """Called once before the first step with the training data (e.g. for token statistics)."""
 

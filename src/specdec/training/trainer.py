@@ -38,6 +38,7 @@ class TrainSettings:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     sequences_per_step: int = 2
+    sequences_per_forward: int = 1  # >1 packs a step's sequences into batched forwards (GPUs)
     max_sequence_length: int = 1024
     save_every: int = 100
     eval_every: int = 0  # 0 = only at the end
@@ -222,19 +223,25 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
                 group["lr"] = lr_at(state["step"], settings, state["elapsed"])
             optimizer.zero_grad(set_to_none=True)
             metrics: list[dict[str, float]] = []
-            for _ in range(settings.sequences_per_step):
+            group: list[tuple[torch.Tensor, torch.Tensor]] = []
+            for index in range(settings.sequences_per_step):
                 if state["position"] >= len(order):
                     state["epoch"] += 1
                     state["position"] = 0
                     # data generated meanwhile (a concurrent `specdec data generate`) joins at epoch boundaries
                     train_set, held_out = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
                     order = epoch_order(state["epoch"])
-                tokens, mask = train_set[order[state["position"]]]
+                group.append(train_set[order[state["position"]]])
                 state["position"] += 1
-                loss, info = objective.loss(tokens, mask, generator)
-                (loss / settings.sequences_per_step).backward()
-                metrics.append(info)
-                tokens_seen += int(tokens.numel())
+                if len(group) == settings.sequences_per_forward or index == settings.sequences_per_step - 1:
+                    if len(group) == 1:
+                        loss, info = objective.loss(*group[0], generator)
+                    else:
+                        loss, info = objective.batch_loss(group, generator)
+                    (loss * len(group) / settings.sequences_per_step).backward()
+                    metrics.extend([info] * len(group))
+                    tokens_seen += sum(int(tokens.numel()) for tokens, _ in group)
+                    group = []
             if distributed:
                 for p in params:
                     if p.grad is not None:
