@@ -188,7 +188,7 @@ class Attention(nn.Module):
         rope_block: tuple[torch.Tensor, torch.Tensor],
         rope_context: tuple[torch.Tensor, torch.Tensor],
         cache: DraftCache | None,
-        attention_mask: torch.Tensor | None,  # [n, c_total + n] bool, True = may attend (training)
+        attention_mask: torch.Tensor | None,  # [B, 1, n, c_total + n] or [n, ...] bool, True = may attend (training)
     ) -> torch.Tensor:
         batch, n, _ = x.shape
         q = apply_rope(self.q_norm(self._heads(x, self.q_proj, self.heads)), *rope_block)
@@ -206,8 +206,14 @@ class Attention(nn.Module):
             cache.keys[self.layer], cache.values[self.layer] = k_ctx, v_ctx
         k = torch.cat([k_ctx, k_block], dim=2)
         v = torch.cat([v_ctx, v_block], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False,
-                                             enable_gqa=self.heads != self.kv_heads)
+        gqa = self.heads != self.kv_heads
+        if gqa and attention_mask is not None:
+            # training's packed mask: on CUDA, SDPA's kernels that take a mask do not take GQA, so mask plus
+            # enable_gqa falls to the math path and its full score tensor; repeated heads keep a fused kernel
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            gqa = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(batch, n, self.heads * self.head_dim))
 
 
@@ -259,7 +265,7 @@ class DFlashDraftModel(nn.Module):
         context_positions: torch.Tensor,  # [B, c]
         block_positions: torch.Tensor,  # [B, n]
         cache: DraftCache | None = None,
-        attention_mask: torch.Tensor | None = None,  # [n, c + n] bool (training: packed blocks)
+        attention_mask: torch.Tensor | None = None,  # [B, 1, n, c + n] or [n, c + n] bool (training: packed blocks)
     ) -> torch.Tensor:
         """Returns the final-normed block hidden states [B, n, H]; the target's LM head turns them to logits."""
         dtype = block_embeds.dtype

@@ -204,7 +204,7 @@ class DFlashObjective(TrainingObjective):
         """Mean over the sequences of each one's weighted loss, in one target and one draft forward.
 
         Sequences are right-padded to the longest (the causal target never looks ahead, and no block's
-        mask reaches past its own anchor) and their anchor blocks to the most anchors; a padding block
+        mask reaches past its own anchor) and their anchor blocks to the most anchors; each padding slot
         sees only itself and carries no label.
         """
         device = self.target.device

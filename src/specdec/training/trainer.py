@@ -223,7 +223,7 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
                 group["lr"] = lr_at(state["step"], settings, state["elapsed"])
             optimizer.zero_grad(set_to_none=True)
             metrics: list[dict[str, float]] = []
-            group: list[tuple[torch.Tensor, torch.Tensor]] = []
+            pending: list[tuple[torch.Tensor, torch.Tensor]] = []
             for index in range(settings.sequences_per_step):
                 if state["position"] >= len(order):
                     state["epoch"] += 1
@@ -231,17 +231,17 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
                     # data generated meanwhile (a concurrent `specdec data generate`) joins at epoch boundaries
                     train_set, held_out = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
                     order = epoch_order(state["epoch"])
-                group.append(train_set[order[state["position"]]])
+                pending.append(train_set[order[state["position"]]])
                 state["position"] += 1
-                if len(group) == settings.sequences_per_forward or index == settings.sequences_per_step - 1:
-                    if len(group) == 1:
-                        loss, info = objective.loss(*group[0], generator)
+                if len(pending) == settings.sequences_per_forward or index == settings.sequences_per_step - 1:
+                    if len(pending) == 1:
+                        loss, info = objective.loss(*pending[0], generator)
                     else:
-                        loss, info = objective.batch_loss(group, generator)
-                    (loss * len(group) / settings.sequences_per_step).backward()
-                    metrics.extend([info] * len(group))
-                    tokens_seen += sum(int(tokens.numel()) for tokens, _ in group)
-                    group = []
+                        loss, info = objective.batch_loss(pending, generator)
+                    (loss * len(pending) / settings.sequences_per_step).backward()
+                    metrics.extend([info] * len(pending))
+                    tokens_seen += sum(int(tokens.numel()) for tokens, _ in pending)
+                    pending = []
             if distributed:
                 for p in params:
                     if p.grad is not None:
