@@ -300,3 +300,16 @@ def test_training_with_packed_forwards(tiny_setup, tmp_path):
     assert [h["step"] for h in history] == [4, 8] and history[-1]["loss"] < history[0]["loss"]
     bad = CliRunner().invoke(main, args[:-2] + ["0", "--no-progress"])
     assert bad.exit_code == 2 and "--sequences-per-forward" in bad.output
+
+
+def test_a_draft_with_sliding_window_layers_is_refused(tmp_path):
+    from specdec_dflash.checkpoint import save_draft
+    from specdec_dflash.model import DFlashConfig, DFlashDraftModel
+
+    target = TargetModel(tiny_model("llama", seed=4), tiny_tokenizer())
+    config = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=8, intermediate_size=48, block_size=4, mask_token_id=4, target_layer_ids=[0, 2],
+                          num_target_layers=4, vocab_size=128, rope_theta=10000.0, sliding_window=16)
+    save_draft(DFlashDraftModel(config), tmp_path / "windowed")
+    with pytest.raises(SpecdecError, match="sliding-window layers"):
+        DFlashObjective(DFlashObjective.Config(), target, init=tmp_path / "windowed")

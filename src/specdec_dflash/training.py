@@ -117,6 +117,12 @@ class DFlashObjective(TrainingObjective):
         if init is not None:
             draft = load_draft(init, dtype=torch.float32, device=target.device)
             check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
+            if draft.config.sliding_window is not None:
+                # the packed training mask shows each block its whole context; such a draft would train on
+                # more context than its windowed layers see when it drafts
+                raise SpecdecError(f"The draft {init} has sliding-window layers (sliding_window "
+                                   f"{draft.config.sliding_window}), which training does not support yet; "
+                                   "start from a draft without a window or from random weights.")
             if config.block_size is not None:
                 if config.block_size > draft.config.block_size:
                     raise SpecdecError(f"block_size {config.block_size} is larger than the "
