@@ -234,10 +234,7 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
                 pending.append(train_set[order[state["position"]]])
                 state["position"] += 1
                 if len(pending) == settings.sequences_per_forward or index == settings.sequences_per_step - 1:
-                    if len(pending) == 1:
-                        loss, info = objective.loss(*pending[0], generator)
-                    else:
-                        loss, info = objective.batch_loss(pending, generator)
+                    loss, info = objective.batch_loss(pending, generator)
                     (loss * len(pending) / settings.sequences_per_step).backward()
                     metrics.extend([info] * len(pending))
                     tokens_seen += sum(int(tokens.numel()) for tokens, _ in pending)
