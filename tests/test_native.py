@@ -189,3 +189,32 @@ def test_specdec_tap_hooks_do_not_stop_other_adapters_from_going_native():
     model = build("llama")
     TargetModel(model, cache="dynamic").request_taps([1])  # transformers' path taps with forward hooks
     assert TargetModel(model).cache_name == "native"
+
+
+def steer(module, args, output):  # a forward hook that changes activations
+    return (output[0] + 0.5, *output[1:]) if isinstance(output, tuple) else output + 0.5
+
+
+def test_a_hook_added_after_the_target_was_made_hands_auto_to_transformers_forward():
+    model = tiny_model("llama", seed=5)
+    decoder = SpeculativeDecoder.from_model(model, proposer="ngram")
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    decoder.generate_ids(prompt, max_new_tokens=8)
+    assert decoder.target.cache_name == "native"
+    model.model.layers[2].register_forward_hook(steer)
+    steered = plain_greedy(model, prompt, 30)
+    assert decoder.generate_ids(prompt, max_new_tokens=30).token_ids == steered
+    assert decoder.target.cache_name == "dynamic"
+
+
+def test_taps_survive_the_hand_over_and_a_chosen_native_cache_refuses_a_late_hook():
+    model = tiny_model("qwen3", seed=6)
+    auto, reference = TargetModel(model), TargetModel(model, cache="dynamic")
+    chosen = TargetModel(model, cache="native")
+    for target in (auto, reference):
+        target.request_taps([0, 2])
+    model.model.layers[1].register_forward_hook(steer)
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    assert_same(auto.prefill(ids), reference.prefill(ids))
+    with pytest.raises(SpecdecError, match="no longer covers this model.*model.layers.1 has forward hooks"):
+        chosen.prefill(ids)

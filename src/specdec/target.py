@@ -67,6 +67,7 @@ class TargetModel:
         self.config = model.config
         self._layers = decoder_layers(model)
         unsupported = native.unsupported_reason(model)
+        self._cache_choice = cache
         if cache == "auto":
             cache = "dynamic" if unsupported else "native"
         self._cache_class = get_cache_class(cache)
@@ -156,7 +157,24 @@ class TargetModel:
         return self._cache_class.name
 
     def reset(self) -> None:
+        if self._native is not None:
+            self._recheck_native()
         self._cache = self._cache_class(self.model)
+
+    def _recheck_native(self) -> None:
+        # A hook (or replaced layer) added since this TargetModel was made would be skipped by the native
+        # forward, silently changing the output; with cache="auto" the transformers forward takes over.
+        reason = native.unsupported_reason(self.model)
+        if reason is None:
+            return
+        if self._cache_choice != "auto":
+            raise SpecdecError(f"The native cache needs specdec's own forward, which no longer covers this model "
+                               f"({reason}, added after the TargetModel was made); use cache='dynamic' or 'auto'.")
+        from .plugins import get_cache_class
+
+        self._native, self._cache_class = None, get_cache_class("dynamic")
+        for layer_id in self._tap_ids:  # the transformers forward taps with hooks
+            self._hooks.append(self._layers[layer_id].register_forward_hook(self._make_hook(layer_id)))
 
     @property
     def cache_length(self) -> int:
