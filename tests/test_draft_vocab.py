@@ -114,3 +114,8 @@ def test_training_with_a_draft_vocabulary_saves_and_keeps_it(tmp_path):
     grown = [([2, 3, 60, 61, 62, 63, 64], [0] * 2 + [1] * 5)]
     again.use_data(DataDir(write_data(tmp_path / "other", tokenizer, grown)))
     assert again.vocab_ids.tolist() == [20, 21, 22, 23, 40]
+    # unless told to count afresh: the head rows are the target's, so only the choice of tokens changes
+    recounted = DFlashObjective(DFlashObjective.Config(vocab_from_data=True), target, init=tmp_path / "draft")
+    recounted.use_data(DataDir(write_data(tmp_path / "third", tokenizer, grown)))
+    assert recounted.vocab_ids.tolist() == [60, 61, 62, 63, 64]
+    assert torch.equal(recounted.head_weight, target.lm_head.weight[60:65].to(recounted.head_weight.dtype))

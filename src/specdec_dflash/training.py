@@ -111,6 +111,10 @@ class DFlashObjective(TrainingObjective):
         draft_vocab_size: int | None = Field(None, ge=1, description="score only the N most frequent response "
                                              "tokens of the data (FR-Spec, EAGLE-3's d2t); default: the --init "
                                              "draft's vocabulary, else the whole vocabulary")
+        vocab_from_data: bool = Field(False, description="with --init: choose the draft vocabulary afresh from the "
+                                      "data (draft_vocab_size tokens, default the init draft's count) instead of "
+                                      "keeping the init draft's; its rows are the target's LM head, so nothing "
+                                      "trained is lost")
 
     def __init__(self, config: Config, target: TargetModel, init: str | Path | None = None) -> None:
         super().__init__(config, target)
@@ -181,8 +185,12 @@ class DFlashObjective(TrainingObjective):
 
     def use_data(self, data: DataDir) -> None:
         size = self.config.draft_vocab_size
-        if size is None or (self.vocab_ids is not None and self.vocab_ids.numel() == size):
-            return  # the whole vocabulary, or the init draft's subset of this size (a resume keeps its own)
+        if size is None and self.config.vocab_from_data and self.vocab_ids is not None:
+            size = self.vocab_ids.numel()
+        if size is None:
+            return  # the whole vocabulary, or the init draft's subset
+        if self.vocab_ids is not None and self.vocab_ids.numel() == size and not self.config.vocab_from_data:
+            return  # the init draft's subset of this size (a resume keeps its own unless told to recount)
         token_ids = most_frequent(data.response_token_counts(self.target.vocab_size), size).to(self.target.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.broadcast(token_ids, src=0)  # data may grow between ranks' reads: rank 0's subset wins
