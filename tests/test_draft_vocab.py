@@ -119,3 +119,9 @@ def test_training_with_a_draft_vocabulary_saves_and_keeps_it(tmp_path):
     recounted.use_data(DataDir(write_data(tmp_path / "third", tokenizer, grown)))
     assert recounted.vocab_ids.tolist() == [60, 61, 62, 63, 64]
     assert torch.equal(recounted.head_weight, target.lm_head.weight[60:65].to(recounted.head_weight.dtype))
+    # counted once, when a run begins: a resumed run keeps it (the trainer applies Config.for_resume)
+    assert recounted.config.for_resume().vocab_from_data is False
+    nothing = DFlashObjective(DFlashObjective.Config(num_layers=1, block_size=4, mask_token_id=4,
+                                                     vocab_from_data=True), target)
+    with pytest.raises(SpecdecError, match="vocab_from_data has no vocabulary to recount"):
+        nothing.use_data(data)

@@ -215,6 +215,8 @@ def test_taps_survive_the_hand_over_and_a_chosen_native_cache_refuses_a_late_hoo
         target.request_taps([0, 2])
     model.model.layers[1].register_forward_hook(steer)
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    assert_same(auto.tap_hidden_states(ids), reference.tap_hidden_states(ids))  # training checks too
+    assert auto.cache_name == "dynamic"
     assert_same(auto.prefill(ids), reference.prefill(ids))
     with pytest.raises(SpecdecError, match="no longer covers this model.*model.layers.1 has forward hooks"):
         chosen.prefill(ids)

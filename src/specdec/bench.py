@@ -301,7 +301,10 @@ class SpecdecRunner:
     def __init__(self, name: str, decoder: Any) -> None:
         self.name, self.decoder = name, decoder
         self.device = decoder.target.device
-        self.cache = decoder.target.cache_name
+
+    @property
+    def cache(self) -> str:
+        return self.decoder.target.cache_name  # read when reported: a target may hand over (TargetModel.reset)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
                  seed: int | None) -> TurnResult:
@@ -453,6 +456,8 @@ def run_bench(plan: BenchPlan, model: Any = None, tokenizer: Any = None, show_pr
                     records[name].turns.append(turns)
     except KeyboardInterrupt:
         interrupted = True
+    for runner in runners:
+        records[runner.name].cache = runner.cache
     return summarize(plan, model, records, prompts, interrupted, time.perf_counter() - started)
 
 

@@ -164,12 +164,13 @@ class TargetModel:
     def _recheck_native(self) -> None:
         # A hook (or replaced layer) added since this TargetModel was made would be skipped by the native
         # forward, silently changing the output; with cache="auto" the transformers forward takes over.
+        # Run before each generation and each training forward (a walk over the modules, well under 1 ms).
         reason = native.unsupported_reason(self.model)
         if reason is None:
             return
         if self._cache_choice != "auto":
             raise SpecdecError(f"The native cache needs specdec's own forward, which no longer covers this model "
-                               f"({reason}, added after the TargetModel was made); use cache='dynamic' or 'auto'.")
+                               f"({reason}, since the TargetModel was made); use cache='dynamic' or 'auto'.")
         from .plugins import get_cache_class
 
         self._native, self._cache_class = None, get_cache_class("dynamic")
@@ -245,6 +246,8 @@ class TargetModel:
         """
         if not self._tap_ids:
             raise SpecdecError("No hidden-state taps were requested; call request_taps(layer_ids) first.")
+        if self._native is not None:
+            self._recheck_native()
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)
         if self._native is not None:

@@ -116,6 +116,10 @@ class DFlashObjective(TrainingObjective):
                                       "keeping the init draft's; its rows are the target's LM head, so nothing "
                                       "trained is lost")
 
+        def for_resume(self) -> DFlashObjective.Config:
+            # the vocabulary was counted when the run began; a resume keeps it, even on grown data
+            return self.model_copy(update={"vocab_from_data": False})
+
     def __init__(self, config: Config, target: TargetModel, init: str | Path | None = None) -> None:
         super().__init__(config, target)
         if init is not None:
@@ -185,7 +189,10 @@ class DFlashObjective(TrainingObjective):
 
     def use_data(self, data: DataDir) -> None:
         size = self.config.draft_vocab_size
-        if size is None and self.config.vocab_from_data and self.vocab_ids is not None:
+        if self.config.vocab_from_data and size is None:
+            if self.vocab_ids is None:
+                raise SpecdecError("vocab_from_data has no vocabulary to recount: give --opt draft_vocab_size=N, or "
+                                   "--init a draft that has a draft_vocab.json.")
             size = self.vocab_ids.numel()
         if size is None:
             return  # the whole vocabulary, or the init draft's subset

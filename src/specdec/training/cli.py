@@ -120,6 +120,7 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
         # architecture (and draft vocabulary) from the run's own checkpoint, whatever --init said; weights
         # from its trainer state
         init = os.path.join(run, "draft")
+        config = config.for_resume()
     objective = objective_cls(config, target, init=init)
     command = "specdec train " + " ".join(os.sys.argv[2:]) if os.sys.argv[1:2] == ["train"] else None
     state = run_training(objective, proposer, data_dir, run, settings, resume=resume, progress=not no_progress,

@@ -18,6 +18,11 @@ class ObjectiveConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    def for_resume(self) -> ObjectiveConfig:
+        """These options as a resumed run applies them (`--resume`); options that act only when a run
+        begins (e.g. counting something from the data) override this to switch themselves off."""
+        return self
+
 
 class TrainingObjective:
     """The per-proposer part of training: the draft being trained and its loss on one sequence."""
