@@ -41,7 +41,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
     Forward hooks count against it: the native forward does not call the modules, so a hook that changes
     activations (steering, adapters, offloading) would be skipped silently. specdec's own tap hooks are
-    the exception. A TargetModel checks again before each generation and each taps-only forward.
+    the exception. A TargetModel checks again before each generation and each training forward.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)

@@ -164,7 +164,8 @@ class TargetModel:
     def _recheck_native(self) -> None:
         # A hook (or replaced layer) added since this TargetModel was made would be skipped by the native
         # forward, silently changing the output; with cache="auto" the transformers forward takes over.
-        # Run before each generation and each training forward (a walk over the modules, well under 1 ms).
+        # Run before each generation, and before each taps-only forward outside one (training): a walk over
+        # the modules, well under 1 ms. A live cache cannot change hands, so mid-generation it is not run.
         reason = native.unsupported_reason(self.model)
         if reason is None:
             return
@@ -246,7 +247,7 @@ class TargetModel:
         """
         if not self._tap_ids:
             raise SpecdecError("No hidden-state taps were requested; call request_taps(layer_ids) first.")
-        if self._native is not None:
+        if self._native is not None and self._cache is None:  # training; a live generation keeps its forward
             self._recheck_native()
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)
