@@ -139,7 +139,10 @@ class TargetModel:
                 continue
             self._tap_ids.append(layer_id)
             if self._native is None:  # the native forward reads its taps itself
-                self._hooks.append(self._layers[layer_id].register_forward_hook(self._make_hook(layer_id)))
+                self._hook_tap(layer_id)
+
+    def _hook_tap(self, layer_id: int) -> None:
+        self._hooks.append(self._layers[layer_id].register_forward_hook(self._make_hook(layer_id)))
 
     def _make_hook(self, layer_id: int):
         def hook(_module, _inputs, output):
@@ -176,7 +179,7 @@ class TargetModel:
 
         self._native, self._cache_class = None, get_cache_class("dynamic")
         for layer_id in self._tap_ids:  # the transformers forward taps with hooks
-            self._hooks.append(self._layers[layer_id].register_forward_hook(self._make_hook(layer_id)))
+            self._hook_tap(layer_id)
 
     @property
     def cache_length(self) -> int:

@@ -189,15 +189,13 @@ class DFlashObjective(TrainingObjective):
 
     def use_data(self, data: DataDir) -> None:
         size = self.config.draft_vocab_size
-        if self.config.vocab_from_data and size is None:
-            if self.vocab_ids is None:
+        if self.config.vocab_from_data:  # count afresh, by default as many tokens as the init draft's subset
+            if size is None and self.vocab_ids is None:
                 raise SpecdecError("vocab_from_data has no vocabulary to recount: give --opt draft_vocab_size=N, or "
                                    "--init a draft that has a draft_vocab.json.")
-            size = self.vocab_ids.numel()
-        if size is None:
-            return  # the whole vocabulary, or the init draft's subset
-        if self.vocab_ids is not None and self.vocab_ids.numel() == size and not self.config.vocab_from_data:
-            return  # the init draft's subset of this size (a resume keeps its own unless told to recount)
+            size = size or self.vocab_ids.numel()
+        elif size is None or (self.vocab_ids is not None and self.vocab_ids.numel() == size):
+            return  # the whole vocabulary, or the init draft's subset of this size (a resume keeps its own)
         token_ids = most_frequent(data.response_token_counts(self.target.vocab_size), size).to(self.target.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.broadcast(token_ids, src=0)  # data may grow between ranks' reads: rank 0's subset wins
