@@ -23,6 +23,7 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .contracts import KVCache
+from .prepacked import PrepackedLinears
 
 SUPPORTED = {
     # model_type -> (decoder layer class, whether attention normalises q and k per head)
@@ -164,6 +165,10 @@ class NativeForward:
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.qk_norm = SUPPORTED[config.model_type][1]
         self.layers = self.inner.layers[: config.num_hidden_layers]  # transformers runs only these
+        linears = [projection for layer in self.layers for projection in (
+            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+        self.prepacked = PrepackedLinears([*linears, model.get_output_embeddings()])
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: NativeKVCache | None,
@@ -189,13 +194,14 @@ class NativeForward:
         # SDPA's own GQA gives the same bits for heads up to 256 wide (tests/test_native.py) without copying the
         # cache three times over each layer
         cpu_gqa = x.device.type == "cpu" and kv_heads != heads and head_dim <= 256
+        linear = self.prepacked.linear
         taps: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             attention, mlp = layer.self_attn, layer.mlp
             h = _rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
-            q = F.linear(h, attention.q_proj.weight, attention.q_proj.bias).view(batch, n, heads, head_dim)
-            k = F.linear(h, attention.k_proj.weight, attention.k_proj.bias).view(batch, n, kv_heads, head_dim)
-            v = F.linear(h, attention.v_proj.weight, attention.v_proj.bias).view(batch, n, kv_heads, head_dim)
+            q = linear(h, attention.q_proj).view(batch, n, heads, head_dim)
+            k = linear(h, attention.k_proj).view(batch, n, kv_heads, head_dim)
+            v = linear(h, attention.v_proj).view(batch, n, kv_heads, head_dim)
             if self.qk_norm:
                 q = _rms_norm(q, attention.q_norm.weight, attention.q_norm.variance_epsilon)
                 k = _rms_norm(k, attention.k_norm.weight, attention.k_norm.variance_epsilon)
@@ -213,11 +219,11 @@ class NativeForward:
             else:  # transformers' own wrapper, so its choice of kernel path (and rounding) is taken, not copied
                 out, _ = sdpa_attention_forward(attention, q, k, v, mask4d, dropout=0.0, scaling=attention.scaling)
             out = out.reshape(batch, n, heads * head_dim)
-            x = x + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
+            x = x + linear(out, attention.o_proj)
             h = _rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-            gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-            x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+            gate = linear(h, mlp.gate_proj)
+            up = linear(h, mlp.up_proj)
+            x = x + linear(F.silu(gate) * up, mlp.down_proj)
             if i in tap_ids:
                 taps[i] = x
             if i == stop_after:
@@ -228,5 +234,4 @@ class NativeForward:
         x = _rms_norm(x, norm.weight, norm.variance_epsilon)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        head = self.model.get_output_embeddings()
-        return F.linear(x, head.weight, head.bias), taps
+        return linear(x, self.model.get_output_embeddings()), taps

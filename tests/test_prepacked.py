@@ -1,0 +1,147 @@
+"""oneDNN-prepacked bfloat16 projections (specdec.prepacked): bit-identical to F.linear, used only where the
+probe found them so, and never stale after a weight changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from specdec import prepacked
+from specdec.prepacked import PrepackedLinears, unpackable_reason
+from specdec.target import TargetModel
+
+ONEDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+needs_onednn = pytest.mark.skipif(not ONEDNN_BF16, reason="no oneDNN bfloat16 support on this CPU")
+
+
+def linears(*shapes: tuple[int, int], bias: bool = False, dtype=torch.bfloat16) -> list[nn.Linear]:
+    torch.manual_seed(0)
+    return [nn.Linear(k, n, bias=bias).to(dtype) for n, k in shapes]
+
+
+def count_packed_calls(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    original = prepacked._linear_pointwise
+
+    def counted(x, packed, bias):
+        calls.append(x.numel() // x.shape[-1])
+        return original(x, packed, bias)
+
+    monkeypatch.setattr(prepacked, "_linear_pointwise", counted)
+    return calls
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_products_are_bit_identical_to_f_linear_at_every_row_count_they_serve(monkeypatch, bias):
+    modules = linears((96, 64), (64, 96), (200, 64), bias=bias)
+    packs = PrepackedLinears(modules)
+    assert packs.enabled, packs.reason
+    calls = count_packed_calls(monkeypatch)
+    for module in modules:
+        for rows in (1, 2, 7, 16, 19, 20, 33, 64, 65, 300):
+            x = torch.randn(1, rows, module.in_features).to(torch.bfloat16)
+            assert torch.equal(packs.linear(x, module), F.linear(x, module.weight, module.bias))
+    assert sorted(set(calls)) == [1, 2, 7, 16, 19, 20, 33, 64]  # larger products keep F.linear
+
+
+@needs_onednn
+def test_a_weight_changed_in_place_or_replaced_is_never_read_stale(monkeypatch):
+    (module,) = linears((96, 64))
+    packs = PrepackedLinears([module])
+    calls = count_packed_calls(monkeypatch)
+    x = torch.randn(1, 5, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        module.weight.mul_(2)
+    assert torch.equal(packs.linear(x, module), F.linear(x, module.weight))
+    assert calls == []  # stale: F.linear until packed again
+    packs.refresh()
+    assert torch.equal(packs.linear(x, module), F.linear(x, module.weight))
+    assert calls == [5]
+    module.weight = nn.Parameter(torch.randn(96, 64).to(torch.bfloat16))
+    assert torch.equal(packs.linear(x, module), F.linear(x, module.weight))
+    assert calls == [5]
+
+
+@needs_onednn
+def test_a_probe_that_finds_a_difference_turns_packing_off(monkeypatch):
+    original = prepacked._linear_pointwise
+
+    def different_at_20_rows(x, packed, bias):
+        out = original(x, packed, bias)
+        return out + 1 if x.shape[-2] == 20 else out
+
+    monkeypatch.setattr(prepacked, "_linear_pointwise", different_at_20_rows)
+    modules = linears((96, 64))
+    packs = PrepackedLinears(modules)
+    assert not packs.enabled
+    assert "differs from F.linear" in packs.reason and "20 rows" in packs.reason
+    x = torch.randn(1, 20, 64).to(torch.bfloat16)
+    assert torch.equal(packs.linear(x, modules[0]), F.linear(x, modules[0].weight))
+
+
+@needs_onednn
+def test_the_probe_catches_the_products_that_do_differ_here():
+    # 32-wide products at one row take a different kernel than F.linear's on this project's CPU; a probe
+    # of random inputs alone let one through (the near-tie found by tests/test_native.py's hypothesis run)
+    (module,) = linears((128, 32))
+    packed = prepacked._pack(module.weight)
+    inputs = torch.randn(4000, 1, 1, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    if all(torch.equal(prepacked._linear_pointwise(x, packed, None), F.linear(x, module.weight)) for x in inputs):
+        pytest.skip("on this CPU the two products agreed on 4,000 random inputs")
+    packs = PrepackedLinears([module])
+    assert not packs.enabled and "128x32 weight, 1 rows" in packs.reason
+
+
+def test_what_packing_does_not_apply_to_is_named(monkeypatch):
+    assert "not bfloat16" in unpackable_reason(linears((8, 8), dtype=torch.float32))
+    assert unpackable_reason([]) == "there are no projections"
+    if ONEDNN_BF16:
+        monkeypatch.setattr(prepacked, "_available_memory_bytes", lambda: 1000)
+        assert "half the available memory" in unpackable_reason(linears((64, 64)))
+
+
+@needs_onednn
+def test_a_bfloat16_target_runs_packed_and_fine_tuning_in_place_is_picked_up_at_the_next_generation():
+    model = tiny_model("llama", dtype=torch.bfloat16, hidden=128)  # 32-wide products differ: the probe says no
+    native, reference = TargetModel(model, cache="native"), TargetModel(model, cache="dynamic")
+    assert native._native.prepacked.enabled, native._native.prepacked.reason
+    prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    for target in (native, reference):
+        target.reset()
+    assert torch.equal(native.prefill(prompt).logits, reference.prefill(prompt).logits)
+    with torch.no_grad():  # a fine-tuning step between generations
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.01)
+    for target in (native, reference):
+        target.reset()
+    assert torch.equal(native.prefill(prompt).logits, reference.prefill(prompt).logits)
+    feed = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(native.forward(feed).logits, reference.forward(feed).logits)
+
+
+@needs_onednn
+@settings(max_examples=15, deadline=None)
+@given(kind=st.sampled_from(["llama", "qwen3"]), prompt_length=st.integers(1, 70),
+       steps=st.lists(st.tuples(st.integers(1, 20), st.integers(0, 19)), min_size=1, max_size=5),
+       seed=st.integers(0, 1000))
+def test_a_packed_target_matches_transformers_bit_for_bit(kind, prompt_length, steps, seed):
+    model = tiny_model(kind, dtype=torch.bfloat16, hidden=128, seed=seed % 3)
+    native, reference = TargetModel(model, cache="native"), TargetModel(model, cache="dynamic")
+    assert native._native.prepacked.enabled, native._native.prepacked.reason
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 128, (1, prompt_length), generator=gen)
+    for target in (native, reference):
+        target.reset()
+    assert torch.equal(native.prefill(prompt).logits, reference.prefill(prompt).logits)
+    for n, rejected in steps:
+        feed = torch.randint(0, 128, (1, n), generator=gen)
+        assert torch.equal(native.forward(feed).logits, reference.forward(feed).logits)
+        keep = native.cache_length - min(rejected, n - 1)
+        native.crop(keep)
+        reference.crop(keep)
