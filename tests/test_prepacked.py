@@ -145,3 +145,36 @@ def test_a_packed_target_matches_transformers_bit_for_bit(kind, prompt_length, s
         keep = native.cache_length - min(rejected, n - 1)
         native.crop(keep)
         reference.crop(keep)
+
+
+@needs_onednn
+def test_a_dflash_draft_runs_packed_and_proposes_what_it_proposes_unpacked(tmp_path):
+    from test_dflash import write_draft
+
+    from specdec.contracts import DecodeState, Verdict
+    from specdec_dflash.proposer import DFlashProposer
+    from specdec_dflash.vocab import save_vocab
+
+    folder = write_draft(tmp_path, dtype=torch.bfloat16, hidden_size=128, head_dim=32, intermediate_size=256)
+    save_vocab(torch.arange(10, 106), folder)  # the head's rows for a 96-token draft vocabulary
+    target = TargetModel(tiny_model("llama", dtype=torch.bfloat16, hidden=128, seed=1))
+    config = DFlashProposer.Config(draft=str(folder), tree_size=0, lookup=0)
+    packed, plain = DFlashProposer(config, target), DFlashProposer(config, target)
+    assert packed.prepacked.enabled, packed.prepacked.reason
+    for module in [*plain.model.modules(), plain.head]:
+        module.__dict__.pop("forward", None)  # back to nn.Linear's own product
+    tokens = torch.randint(0, 128, (1, 20), generator=torch.Generator().manual_seed(0))
+    target.reset()
+    out = target.prefill(tokens[:, :-1])
+    for proposer in (packed, plain):
+        proposer.prefill(DecodeState(tokens=tokens, max_draft_tokens=0, prompt_length=19), out)
+    for _ in range(6):
+        state = DecodeState(tokens=tokens, max_draft_tokens=5, prompt_length=19)
+        draft = packed.propose(state)
+        assert torch.equal(draft.tokens, plain.propose(state).tokens)
+        out = target.forward(torch.cat([tokens[:, -1:], draft.tokens], dim=1))
+        bonus = out.logits[:, -1:].argmax(-1)
+        tokens = torch.cat([tokens, draft.tokens, bonus], dim=1)
+        verdict = Verdict(num_accepted=torch.tensor([draft.num_tokens]), emitted=torch.cat([draft.tokens, bonus], 1))
+        for proposer in (packed, plain):
+            proposer.observe(DecodeState(tokens=tokens, max_draft_tokens=0, prompt_length=19), verdict, out)

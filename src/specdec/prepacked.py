@@ -15,6 +15,8 @@ falls back to `F.linear` until `refresh()` packs it again.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -141,3 +143,15 @@ class PrepackedLinears:
                 or x.numel() > MAX_ROWS * x.shape[-1] or not x.is_contiguous() or x.dtype != torch.bfloat16):
             return F.linear(x, weight, module.bias)
         return _linear_pointwise(x, entry[2], module.bias)
+
+
+def route_through_packed(modules: list[nn.Module]) -> PrepackedLinears:
+    """Make every nn.Linear inside these inference-only modules (a loaded draft model) compute with packed
+    weights: each one's `forward` becomes `PrepackedLinears.linear`. Not for modules being trained: the
+    packed product has no gradient. Returns the packs (`enabled` False: nothing was changed)."""
+    linears = [m for module in modules for m in module.modules() if type(m) is nn.Linear]
+    packs = PrepackedLinears(linears)
+    if packs.enabled:
+        for module in linears:
+            module.forward = functools.partial(packs.linear, module=module)
+    return packs

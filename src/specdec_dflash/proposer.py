@@ -9,18 +9,19 @@ from typing import Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field
+from torch import nn
 
 from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict, tree
 from specdec.errors import SpecdecError
 from specdec.lookup import NgramIndex
+from specdec.prepacked import route_through_packed
 from specdec.sampling import logits_to_probs
 from specdec.target import TargetModel
 
 from .checkpoint import check_against_target, load_draft, read_config
 from .model import DraftCache
-from .vocab import head_rows, load_vocab
+from .vocab import head_rows_linear, load_vocab
 
 #: runner-up tokens per slot a tree may branch to (`tree_size`); more rarely pays: their estimates fall fast
 TREE_RUNNER_UPS = 4
@@ -115,8 +116,11 @@ class DFlashProposer(Proposer):
         self.layer_ids = list(draft_config.target_layer_ids)
         vocab_ids = load_vocab(folder, target.vocab_size) if config.vocab == "draft" else None
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
+        self.head: nn.Linear | None = None  # the draft vocabulary's rows of the target's LM head
         if self.vocab_ids is not None:
-            self.head_weight, self.head_bias = head_rows(target.lm_head, self.vocab_ids)
+            self.head = head_rows_linear(target.lm_head, self.vocab_ids)
+        # the draft's few-row products, laid out once for oneDNN on a bf16 CPU (specdec.prepacked)
+        self.prepacked = route_through_packed([self.model] + ([self.head] if self.head is not None else []))
         target.request_taps(self.layer_ids)
         self.reset()
 
@@ -175,7 +179,7 @@ class DFlashProposer(Proposer):
         if self.vocab_ids is None:
             logits = self.target.lm_head(hidden)[:, 1: 1 + k]  # [B, k, V]
         else:  # [B, k, V'], V' = the draft vocabulary
-            logits = F.linear(hidden, self.head_weight, self.head_bias)[:, 1: 1 + k]
+            logits = self.head(hidden)[:, 1: 1 + k]
         if use_tree:
             seeded_depth = state.max_draft_tokens if self.config.lookup_after and lookup else 0
             return self._tree(logits[0], found, seeded_depth)

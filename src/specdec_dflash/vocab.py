@@ -69,6 +69,16 @@ def head_rows(head: torch.nn.Module, token_ids: torch.Tensor) -> tuple[torch.Ten
             None if bias is None else bias.detach()[token_ids].contiguous())
 
 
+def head_rows_linear(head: torch.nn.Module, token_ids: torch.Tensor) -> torch.nn.Linear:
+    """`head_rows` as a frozen nn.Linear (what the proposer scores the draft vocabulary with)."""
+    weight, bias = head_rows(head, token_ids)
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        linear.bias = torch.nn.Parameter(bias, requires_grad=False)
+    return linear
+
+
 def label_map(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[V] long: target token id -> index in the draft vocabulary, -1 for tokens outside it."""
     mapping = torch.full((vocab_size,), -1, dtype=torch.long, device=token_ids.device)
