@@ -6,11 +6,12 @@ freezing takes) and calling `_linear_pointwise` on it measured 20-35% faster for
 decoding and verification on this project's 2-core CPU (embedded target: 1-token forward 32 -> 25 ms,
 20-token 40 -> 33 ms), for one extra copy of the weights in memory.
 
-It is the same oneDNN product, so the results are bit-identical to `F.linear`'s; that is checked on this
-machine, not assumed: a probe compares the two on every weight shape at the row counts decoding uses, and
-packing stays off if any bit differs. Larger products (prefill) keep `F.linear`, where the kernel choice was
-seen to differ. A weight changed in place or replaced after packing is seen (version counter, identity) and
-falls back to `F.linear` until `refresh()` packs it again.
+Where oneDNN runs the same kernel for both, the results are bit-identical to `F.linear`'s. That is checked
+on the machine, not assumed: a probe, on inputs built to expose the order of summation, compares the two
+for every weight shape at the row counts decoding and verification use, and packing stays off if any bit
+differs (32- and 64-wide products at one row do differ on this project's CPU). Larger products (prefill)
+keep `F.linear`, where the kernel choice was seen to differ. A weight changed in place or replaced after
+packing is seen (version counter, identity) and falls back to `F.linear` until `refresh()` packs it again.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from torch import nn
 
 #: products of at most this many rows (batch x new tokens) use the packed weight
 MAX_ROWS = 64
-#: row counts the probe checks: every small count, then across the kernels' blocking boundaries up to MAX_ROWS
-PROBE_ROWS = (*range(1, 10), 12, 16, 17, 20, 24, 32, 33, 48, 64)
+#: row counts the probe checks: every count a chain or tree step takes here, then samples up to MAX_ROWS
+PROBE_ROWS = (*range(1, 25), 28, 31, 32, 33, 40, 47, 48, 56, 63, 64)
 
 
 def _linear_pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -61,6 +62,8 @@ def unpackable_reason(linears: list[nn.Linear]) -> str | None:
         return "the weights are not on a CPU"
     if any(m.weight.dtype != torch.bfloat16 for m in linears):
         return "the weights are not bfloat16"
+    if not all(hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")):
+        return "this torch build lacks oneDNN's prepacked linear operators"
     if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         return "this CPU or torch build has no oneDNN bfloat16 support"
     needed = sum(m.weight.numel() * m.weight.element_size() for m in linears)
