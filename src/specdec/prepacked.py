@@ -11,7 +11,9 @@ on the machine, not assumed: a probe, on inputs built to expose the order of sum
 for every weight shape at the row counts decoding and verification use, and packing stays off if any bit
 differs (32- and 64-wide products at one row do differ on this project's CPU). Larger products (prefill)
 keep `F.linear`, where the kernel choice was seen to differ. A weight changed in place or replaced after
-packing is seen (version counter, identity) and falls back to `F.linear` until `refresh()` packs it again.
+packing is seen (version counter, storage, identity) and falls back to `F.linear` until `refresh()` packs it
+again; a write through `.data` in place is not (as with torch.compile's frozen weights). Products that
+need a gradient keep `F.linear`.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: products of at most this many rows (batch x new tokens) use the packed weight
-MAX_ROWS = 64
-#: row counts the probe checks: every count a chain or tree step takes here, then samples up to MAX_ROWS
-PROBE_ROWS = (*range(1, 25), 28, 31, 32, 33, 40, 47, 48, 56, 63, 64)
+#: products of at most this many rows (batch x new tokens) use the packed weight: a chain or tree step here
+MAX_ROWS = 32
+#: the probe checks every row count the packed weights serve
+PROBE_ROWS = tuple(range(1, MAX_ROWS + 1))
 
 
 def _linear_pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -36,11 +38,10 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight)
 
 
-def _version(tensor: torch.Tensor) -> int:
-    try:
-        return tensor._version
-    except RuntimeError:  # an inference tensor keeps no version counter (and cannot change outside inference mode)
-        return -1
+def _key(weight: torch.Tensor) -> tuple[int, int]:
+    # in-place changes bump the version counter; `.data = ...` and moves change the storage. Writes through
+    # `.data` in place bump neither: call nothing of that kind on packed weights without building anew.
+    return weight._version, weight.data_ptr()
 
 
 def _available_memory_bytes() -> int | None:
@@ -101,7 +102,7 @@ class PrepackedLinears:
     """
 
     def __init__(self, linears: list[nn.Linear]) -> None:
-        self._packed: dict[nn.Linear, tuple[torch.Tensor, int, torch.Tensor]] = {}
+        self._packed: dict[nn.Linear, tuple[torch.Tensor, tuple[int, int], torch.Tensor]] = {}
         self.reason = unpackable_reason(linears)
         if self.reason is None:
             self.reason = self._probe(linears)
@@ -135,15 +136,19 @@ class PrepackedLinears:
             return
         for module in self._linears:
             weight = module.weight
+            if weight.is_inference():  # no version counter to tell a change by: never packed
+                self._packed.pop(module, None)
+                continue
             entry = self._packed.get(module)
-            if entry is None or entry[0] is not weight or entry[1] != _version(weight):
-                self._packed[module] = (weight, _version(weight), _pack(weight))
+            if entry is None or entry[0] is not weight or entry[1] != _key(weight):
+                self._packed[module] = (weight, _key(weight), _pack(weight))
 
     def linear(self, x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
         weight = module.weight
         entry = self._packed.get(module)
-        if (entry is None or entry[0] is not weight or entry[1] != _version(weight)
-                or x.numel() > MAX_ROWS * x.shape[-1] or not x.is_contiguous() or x.dtype != torch.bfloat16):
+        if (entry is None or entry[0] is not weight or entry[1] != _key(weight)
+                or x.numel() > MAX_ROWS * x.shape[-1] or not x.is_contiguous() or x.dtype != torch.bfloat16
+                or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):  # no backward
             return F.linear(x, weight, module.bias)
         return _linear_pointwise(x, entry[2], module.bias)
 
