@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: products of at most this many rows (batch x new tokens) use the packed weight: a chain or tree step here
-MAX_ROWS = 32
+#: products of at most this many rows (batch x new tokens) use the packed weight: a tree step here, with its
+#: prompt-lookup continuations, verifies up to ~47 tokens
+MAX_ROWS = 64
 #: the probe checks every row count the packed weights serve
 PROBE_ROWS = tuple(range(1, MAX_ROWS + 1))
 
