@@ -71,13 +71,16 @@ def unsupported_reason(model: nn.Module) -> str | None:
             return f"module {name or 'model'} has forward hooks, which only transformers' forward would run"
     if type(model.get_output_embeddings()) is not nn.Linear:
         return "its LM head is not a plain nn.Linear"
-    for layer in layers:
-        attention, mlp = layer.self_attn, layer.mlp
-        projections = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
-                       mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if any(type(p) is not nn.Linear for p in projections):
-            return "some projections are not plain nn.Linear layers (quantized or adapted)"
+    if any(type(p) is not nn.Linear for layer in layers for p in projections(layer)):
+        return "some projections are not plain nn.Linear layers (quantized or adapted)"
     return None
+
+
+def projections(layer: nn.Module) -> tuple[nn.Module, ...]:
+    """A decoder layer's seven projections: q, k, v, o, gate, up, down."""
+    attention, mlp = layer.self_attn, layer.mlp
+    return (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+            mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
 
 class NativeKVCache(KVCache):
@@ -165,9 +168,7 @@ class NativeForward:
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.qk_norm = SUPPORTED[config.model_type][1]
         self.layers = self.inner.layers[: config.num_hidden_layers]  # transformers runs only these
-        linears = [projection for layer in self.layers for projection in (
-            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+        linears = [p for layer in self.layers for p in projections(layer)]
         self.prepacked = PrepackedLinears([*linears, model.get_output_embeddings()])
 
     @torch.inference_mode()
