@@ -6,8 +6,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# Hermetic: only this project's own plugin loads from entry points.
-os.environ.setdefault("SPECDEC_LOAD_PLUGINS", "dflash")
+# Hermetic: only this project's own plugins load from entry points.
+os.environ.setdefault("SPECDEC_LOAD_PLUGINS", "dflash,eagle3")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

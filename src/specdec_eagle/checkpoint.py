@@ -1,0 +1,132 @@
+"""EAGLE-3 checkpoints in SpecForge's layout (what vLLM and SGLang serve): config.json + safetensors.
+
+Never pickle, never remote code. The embeddings are the target's; a checkpoint that carries a copy
+(SpecForge's does) has it ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+from safetensors.torch import load_file, save_file
+
+from specdec.errors import SpecdecError
+
+from .model import Eagle3Config, Eagle3DraftModel
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+TARGET_OWNED = ("embed_tokens.weight", "model.embed_tokens.weight")
+
+
+def read_config(path: str | os.PathLike) -> Eagle3Config:
+    folder = Path(path)
+    config_file = folder / "config.json"
+    if not folder.is_dir():
+        raise SpecdecError(f"EAGLE-3 draft folder {folder} does not exist; pass --draft PATH to a checkpoint folder.")
+    if not config_file.is_file():
+        raise SpecdecError(f"{folder} has no config.json; an EAGLE-3 draft folder holds config.json and safetensors.")
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecdecError(f"{config_file} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    layers = raw.get("num_hidden_layers", 1)
+    if layers != 1:
+        raise SpecdecError(f"{config_file} describes {layers} draft layers; an EAGLE-3 draft has exactly one "
+                           "(is this a DFlash draft? use --proposer dflash).")
+    try:
+        return Eagle3Config.from_checkpoint_json(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "config"
+        raise SpecdecError(f"{config_file}: {key}: {err['msg']}; fix the draft's config.json.") from None
+
+
+def check_against_target(config: Eagle3Config, target_hidden: int, target_layers: int, vocab_size: int,
+                         where: str) -> None:
+    """Every way a draft can fail to fit its target, each as one sentence, before any work starts."""
+    if config.hidden_size != target_hidden:
+        raise SpecdecError(f"The EAGLE-3 draft {where} has hidden size {config.hidden_size} but the target has "
+                           f"{target_hidden}; use a draft trained for this target.")
+    bad = [i for i in config.target_layer_ids if not 0 <= i < target_layers]
+    if bad:
+        raise SpecdecError(f"The EAGLE-3 draft {where} taps target layers {bad} but the target has only "
+                           f"{target_layers} layers (ids 0..{target_layers - 1}); use a draft trained for this target.")
+    if config.num_target_layers != target_layers:
+        raise SpecdecError(f"The EAGLE-3 draft {where} was trained for a target with {config.num_target_layers} "
+                           f"layers but this target has {target_layers}; use a draft trained for this target.")
+    if config.vocab_size != vocab_size:
+        raise SpecdecError(f"The EAGLE-3 draft {where} was trained for a vocabulary of {config.vocab_size} tokens "
+                           f"but the target has {vocab_size}; use a draft trained for this target.")
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
+    if pickles:
+        raise SpecdecError(f"{folder} holds only pickle weights ({', '.join(pickles)}), which specdec never loads "
+                           "because unpickling can run code; convert them to safetensors.")
+    raise SpecdecError(f"{folder} has no .safetensors weights; an EAGLE-3 draft folder holds config.json and "
+                       "model.safetensors.")
+
+
+def load_weights(model: Eagle3DraftModel, folder: Path) -> None:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in _safetensors_files(folder):
+        tensors.update(load_file(file))
+    tensors = {k.removeprefix("model."): v for k, v in tensors.items() if k not in TARGET_OWNED}
+    expected = model.state_dict()
+    config = model.config
+    if "d2t" not in tensors and config.draft_vocab_size == config.vocab_size:
+        tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)  # the identity map
+    if "t2d" not in tensors and "d2t" in tensors:  # vLLM does not read it; rebuilt from d2t below
+        tensors["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise SpecdecError(f"The EAGLE-3 draft in {folder} lacks the tensor {missing[0]!r}{more}; the checkpoint is "
+                           "incomplete or was made for another architecture.")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise SpecdecError(f"The EAGLE-3 draft in {folder} has a tensor {unexpected[0]!r} that its config.json does "
+                           "not describe; fix the config or the weights.")
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise SpecdecError(f"Tensor {name!r} in {folder} has shape {tuple(tensor.shape)} but config.json implies "
+                               f"{tuple(expected[name].shape)}; the weights and the config do not match.")
+    target_ids = torch.arange(config.draft_vocab_size) + tensors["d2t"].long()
+    if target_ids.min() < 0 or target_ids.max() >= config.vocab_size or target_ids.unique().numel() != len(target_ids):
+        raise SpecdecError(f"The d2t table in {folder} maps draft tokens to ids that are repeated or outside the "
+                           f"target's vocabulary of {config.vocab_size}; the checkpoint is corrupt.")
+    tensors["d2t"] = tensors["d2t"].long()
+    tensors["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
+    tensors["t2d"][target_ids] = True
+    model.load_state_dict(tensors, strict=True)
+
+
+def load_draft(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> Eagle3DraftModel:
+    folder = Path(path)
+    model = Eagle3DraftModel(read_config(folder))
+    load_weights(model, folder)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def save_draft(model: Eagle3DraftModel, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write config.json + model.safetensors (float weights in `dtype`; d2t int64, t2d bool)."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_checkpoint_json()
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous().cpu()
+               for k, v in model.state_dict().items()}
+    tmp = folder / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder

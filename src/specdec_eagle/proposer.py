@@ -1,0 +1,181 @@
+"""The `eagle3` proposer: a one-layer draft fed the target's hidden states guesses token by token, as a
+chain or as a dynamic tree (EAGLE-2's expansion)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict, tree
+from specdec.errors import SpecdecError
+from specdec.prepacked import route_through_packed
+from specdec.sampling import logits_to_probs
+from specdec.target import TargetModel
+
+from .checkpoint import check_against_target, load_draft, read_config
+from .model import Eagle3Cache
+
+#: the EAGLE-3 draft this project trained for the embedded default target, shipped inside the package
+SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
+
+
+def shipped_draft_available() -> bool:
+    return (SHIPPED_DRAFT / "config.json").is_file() and any(SHIPPED_DRAFT.glob("*.safetensors"))
+
+
+class Eagle3Proposer(Proposer):
+    name = "eagle3"
+    description = "EAGLE-3: a one-layer draft fed three target layers' hidden states drafts token by token"
+
+    class Config(ProposerConfig):
+        draft: str | None = Field(None, description="EAGLE-3 checkpoint folder (default: the shipped SmolLM2 "
+                                  "draft, when this package ships one)")
+        num_tokens: int = Field(6, ge=1, description="draft forwards per step: the chain's length, the tree's depth")
+        tree_size: int = Field(16, ge=0, description="N >= 1: verify the N likeliest draft tokens as a tree "
+                               "(EAGLE-2's dynamic tree; greedy decoding, or drafting=greedy); 0 = a chain")
+        tree_width: int = Field(4, ge=1, description="tree: nodes expanded per depth and children kept per node")
+        drafting: Literal["sample", "greedy"] = Field(
+            "sample", description="at temperature > 0: draft the chain from the draft's own distribution and "
+            "pass it to the verifier (sample), or draft argmax tokens as point masses, a tree when tree_size > 0 "
+            "(greedy)")
+
+    def __init__(self, config: Config, target: TargetModel) -> None:
+        super().__init__(config, target)
+        if config.draft is None and not shipped_draft_available():
+            raise SpecdecError("Proposer 'eagle3' needs a draft checkpoint; pass --draft PATH (or --opt draft=PATH).")
+        folder = Path(config.draft) if config.draft is not None else SHIPPED_DRAFT
+        draft_config = read_config(folder)
+        try:
+            check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, str(folder))
+        except SpecdecError:
+            if config.draft is not None:
+                raise
+            raise SpecdecError("Proposer 'eagle3' needs a draft checkpoint for this target (the shipped draft is "
+                               "for the embedded SmolLM2-135M-Instruct); pass --draft PATH.") from None
+        self.model = load_draft(folder, dtype=target.dtype, device=target.device)
+        self.layer_ids = list(draft_config.target_layer_ids)
+        self.vocab_ids = self.model.target_ids(torch.arange(draft_config.draft_vocab_size, device=target.device))
+        self.prepacked = route_through_packed([self.model])  # few-row products, laid out once (bf16 CPU)
+        target.request_taps(self.layer_ids)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = Eagle3Cache()
+        self._pending: torch.Tensor | None = None  # tapped target states not yet read by the draft
+        self._pending_start = 0  # position of the first of them
+
+    def prefill(self, state: DecodeState, target_output: TargetOutput) -> None:
+        self._pending = target_output.tapped(self.layer_ids)
+        self._pending_start = 0
+
+    def observe(self, state: DecodeState, verdict: Verdict, target_output: TargetOutput) -> None:
+        # the verification forward read [last committed, draft...]; the first accepted + 1 are committed,
+        # and their hidden states are the features of those positions
+        accepted = int(verdict.num_accepted[0]) + 1
+        new = target_output.tapped(self.layer_ids)[:, :accepted]
+        if self._pending is None:
+            self._pending, self._pending_start = new, state.length - accepted - 1
+        else:
+            self._pending = torch.cat([self._pending, new], dim=1)
+
+    def _read_context(self, state: DecodeState) -> torch.Tensor:
+        """Feed the pending target features (positions p..T-2, each with token p+1..T-1) into the draft's
+        cache; returns the draft's output at position T-2, the feature of its first guess [B, 1, H]."""
+        length, pending = state.length, self._pending
+        assert pending is not None and self._pending_start + pending.shape[1] == length - 1, "context out of sync"
+        assert self.cache.length() == self._pending_start, "draft cache out of sync"
+        tokens = state.tokens[:, self._pending_start + 1:]
+        positions = torch.arange(self._pending_start, length - 1, device=tokens.device).unsqueeze(0)
+        out = self.model(self.target.embed_tokens(tokens), self.model.fuse(pending),
+                         positions.expand(tokens.shape[0], -1), self.cache)
+        self._pending, self._pending_start = None, length - 1
+        return out[:, -1:]
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Draft:
+        k = min(self.config.num_tokens, state.max_draft_tokens)
+        sampling = state.sampling
+        sampled = sampling is not None and not sampling.greedy and self.config.drafting == "sample"
+        feature = self._read_context(state)
+        committed = self.cache.length()
+        try:
+            if self.config.tree_size and state.batch_size == 1 and not sampled:
+                return self._tree(feature, state.length, k)
+            return self._chain(feature, state, k, sampled)
+        finally:
+            self.cache.crop(committed)  # the guesses' keys go; the next step reads the target's features
+
+    def _chain(self, feature: torch.Tensor, state: DecodeState, k: int, sampled: bool) -> Draft:
+        tokens, probs = [], []
+        for j in range(k):
+            logits = self.model.logits(feature)[:, -1]  # [B, V']
+            if sampled:
+                q = logits_to_probs(logits, state.sampling)
+                pick = torch.multinomial(q, 1, generator=state.generator)
+                full = q.new_zeros(q.shape[0], self.target.vocab_size)
+                probs.append(full.index_copy_(-1, self.vocab_ids, q))
+            else:  # max(...).indices is argmax (first index on ties), faster on bf16 CPU tensors
+                pick = logits.max(dim=-1, keepdim=True).indices
+            token = self.vocab_ids[pick]  # [B, 1]
+            tokens.append(token)
+            if j + 1 < k:  # the guess at position T + j becomes the next input, the output the next feature
+                position = torch.full_like(token, state.length - 1 + j)
+                feature = self.model(self.target.embed_tokens(token), feature, position, self.cache)
+        return Draft(tokens=torch.cat(tokens, dim=1), probs=torch.stack(probs, dim=1) if sampled else None)
+
+    def _tree(self, feature: torch.Tensor, length: int, depth: int) -> Draft:
+        """EAGLE-2's dynamic tree: at each depth the `tree_width` likeliest nodes (by the product of draft
+        probabilities along their path) are read by the draft in one forward, each keeping its
+        `tree_width` likeliest children; finally the `tree_size` likeliest nodes of all are verified.
+        A node's estimate never exceeds its parent's, so the chosen nodes form a tree."""
+        width = min(self.config.tree_width, self.vocab_ids.numel())
+        committed = self.cache.length()
+        # nodes: (log estimate, path of target ids); `fed` maps a fed node's path to its key slot
+        logq = self.model.logits(feature)[0, -1].float().log_softmax(-1)
+        top = logq.topk(width)
+        frontier = [(value, [token]) for value, token in zip(top.values.tolist(),
+                                                             self.vocab_ids[top.indices].tolist(), strict=True)]
+        nodes = list(frontier)
+        slots: dict[tuple[int, ...], int] = {}  # path -> index of its key among the guesses in the cache
+        features = {(): feature[0, -1]}
+        for d in range(1, depth):
+            frontier.sort(key=lambda node: -node[0])
+            expand = frontier[:width]
+            # each expanded node sees the committed context, its ancestors' keys and its own
+            mask = torch.zeros(len(expand), committed + len(slots) + len(expand), dtype=torch.bool,
+                               device=feature.device)
+            mask[:, :committed] = True
+            for row, (_, path) in enumerate(expand):
+                for cut in range(1, len(path)):
+                    mask[row, committed + slots[tuple(path[:cut])]] = True
+                mask[row, committed + len(slots) + row] = True
+            tokens = torch.tensor([[path[-1] for _, path in expand]], device=feature.device)
+            parents = torch.stack([features[tuple(path[:-1])] for _, path in expand]).unsqueeze(0)
+            positions = torch.full_like(tokens, length - 2 + d)
+            out = self._forward_masked(tokens, parents, positions, mask)  # [1, n, H]
+            for row, (_, path) in enumerate(expand):
+                slots[tuple(path)] = len(slots)
+                features[tuple(path)] = out[0, row]
+            logq = self.model.logits(out)[0].float().log_softmax(-1)  # [n, V']
+            top = logq.topk(width, dim=-1)
+            children = self.vocab_ids[top.indices].tolist()
+            frontier = [(value + child_value, path + [child])
+                        for (value, path), child_values, child_ids in zip(expand, top.values.tolist(), children,
+                                                                           strict=True)
+                        for child_value, child in zip(child_values, child_ids, strict=True)]
+            nodes.extend(frontier)
+        nodes.sort(key=lambda node: (-node[0], len(node[1])))  # a parent before its children, even on ties
+        tokens, parents = tree.from_paths([path for _, path in nodes[: self.config.tree_size]])
+        return Draft(tokens=torch.tensor([tokens], device=feature.device), parents=parents)
+
+    def _forward_masked(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                        mask: torch.Tensor) -> torch.Tensor:
+        """One draft forward of tree nodes [1, n] under an explicit mask [n, cache + n]."""
+        model = self.model
+        layer = model.midlayer
+        rope = model.rotary(positions, features.dtype)
+        attended = layer.self_attn(layer.joined(self.target.embed_tokens(tokens), features), rope, self.cache, mask)
+        return layer.finish(features, attended)

@@ -1,0 +1,211 @@
+"""EAGLE-3: the unrolled training forward against the proposer's inference path, checkpoints in SpecForge's
+layout, bad input, lossless decoding, and a tiny end-to-end training run with resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import plain_greedy, save_tiny_model, tiny_model, tiny_tokenizer
+from safetensors.torch import load_file, save_file
+from test_training import write_data
+
+from specdec import SpecdecError, SpeculativeDecoder, TargetModel
+from specdec.cli import main
+from specdec_eagle.checkpoint import load_draft, save_draft
+from specdec_eagle.model import Eagle3Cache, Eagle3Config, Eagle3DraftModel
+from specdec_eagle.training import Eagle3Objective, step_weights, unrolled_inputs
+
+
+def small_config(**overrides) -> Eagle3Config:
+    values = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+                  vocab_size=128, draft_vocab_size=128, target_layer_ids=[0, 1, 3], num_target_layers=4)
+    values.update(overrides)
+    return Eagle3Config(**values)
+
+
+def random_draft(seed: int, **overrides) -> Eagle3DraftModel:
+    torch.manual_seed(seed)
+    model = Eagle3DraftModel(small_config(**overrides))
+    with torch.no_grad():  # norms away from 1 so a swapped norm would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    if model.config.draft_vocab_size < model.config.vocab_size:
+        model.set_vocabulary(torch.arange(model.config.draft_vocab_size) * 3 % 128)
+    return model.double().eval()
+
+
+@pytest.fixture(scope="module")
+def eagle_dirs(tmp_path_factory):
+    """Random EAGLE-3 drafts for the tiny llama target: whole vocabulary, and a reduced one."""
+    folders = []
+    for seed, size in [(1, 128), (2, 40)]:
+        folder = tmp_path_factory.mktemp(f"eagle{size}")
+        save_draft(random_draft(seed, draft_vocab_size=size), folder, dtype=torch.float64)
+        folders.append(str(folder))
+    return folders
+
+
+def test_unrolled_steps_equal_the_chain_the_proposer_runs():
+    """Training step j at row i must compute what the proposer computes when it guesses j tokens past
+    position i (teacher-forced here with the sequence's own tokens), keys and positions included."""
+    model = random_draft(3)
+    length, steps = 11, 4
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 128, (1, length), generator=gen)
+    embed = torch.nn.Embedding(128, 32).double()
+    tapped = torch.randn(1, length - 1, 96, generator=gen, dtype=torch.float64)
+    rows = length - 1
+    positions = torch.arange(rows).unsqueeze(0)
+    features, earlier, unrolled = model.fuse(tapped), [], []
+    for step in range(steps):
+        inputs, _, _ = unrolled_inputs(tokens, torch.tensor([length]), torch.ones(1, length), step)
+        features, kv = model.forward_unrolled(embed(inputs), features, positions + step, earlier)
+        earlier.append(kv)
+        unrolled.append(features)
+    for anchor in range(rows):
+        cache = Eagle3Cache()
+        out = model(embed(tokens[:, 1: anchor + 2]), model.fuse(tapped[:, : anchor + 1]),
+                    torch.arange(anchor + 1).unsqueeze(0), cache)
+        feature = out[:, -1:]
+        torch.testing.assert_close(feature[0, 0], unrolled[0][0, anchor])
+        for step in range(1, steps):
+            if anchor + 1 + step >= length:
+                break
+            token = tokens[:, anchor + 1 + step: anchor + 2 + step]
+            feature = model(embed(token), feature, torch.tensor([[anchor + step]]), cache)
+            torch.testing.assert_close(feature[0, 0], unrolled[step][0, anchor], msg=f"anchor {anchor} step {step}")
+
+
+def test_unrolled_labels_are_two_ahead_and_masked():
+    tokens = torch.tensor([[10, 11, 12, 13, 14, 0]])  # length 5, one padding
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0]])
+    inputs, labels, valid = unrolled_inputs(tokens, torch.tensor([5]), mask, 1)
+    # row i reads token i + 2 and predicts token i + 3
+    assert inputs[0, :3].tolist() == [12, 13, 14] and labels[0, :2].tolist() == [13, 14]
+    assert valid[0].tolist() == [True, True, False, False, False]
+    assert step_weights(3, 0.8).tolist() == pytest.approx([1.0, 0.8, 0.64])
+
+
+def test_checkpoint_round_trip_in_specforge_layout(tmp_path):
+    model = random_draft(4, draft_vocab_size=40)
+    save_draft(model, tmp_path, dtype=torch.float64)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert raw["architectures"] == ["LlamaForCausalLMEagle3"] and raw["num_hidden_layers"] == 1
+    assert raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]  # vLLM counts layer inputs
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "lm_head.weight", "d2t", "t2d"} <= set(tensors)
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape == (32, 64)  # reads [embedding, feature]
+    loaded = load_draft(tmp_path, dtype=torch.float64)
+    assert loaded.config == model.config
+    for name, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    assert loaded.target_ids(torch.tensor([0, 1, 2])).tolist() == [0, 3, 6]
+
+
+def test_bad_checkpoints_are_refused_with_one_sentence(tmp_path, eagle_dirs):
+    target = TargetModel(tiny_model("llama", seed=0))
+    with pytest.raises(SpecdecError, match="does not exist"):
+        SpeculativeDecoder(target, _proposer(target, str(tmp_path / "nowhere")))
+    wide = tmp_path / "wide"
+    save_draft(random_draft(5, hidden_size=64, head_dim=16), wide)
+    with pytest.raises(SpecdecError, match="hidden size 64 but the target has 32"):
+        _proposer(target, str(wide))
+    deep = tmp_path / "deep"
+    save_draft(random_draft(5, target_layer_ids=[0, 7], num_target_layers=8), deep)
+    with pytest.raises(SpecdecError, match=r"taps target layers \[7\]"):
+        _proposer(target, str(deep))
+    two_layers = tmp_path / "two"
+    save_draft(random_draft(5), two_layers)
+    raw = json.loads((two_layers / "config.json").read_text())
+    (two_layers / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 2}))
+    with pytest.raises(SpecdecError, match="exactly one"):
+        _proposer(target, str(two_layers))
+    broken = tmp_path / "broken"
+    save_draft(random_draft(5, draft_vocab_size=40), broken)
+    tensors = load_file(broken / "model.safetensors")
+    tensors["d2t"][3] = 500
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(SpecdecError, match="d2t table"):
+        _proposer(target, str(broken))
+    del tensors["fc.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(SpecdecError, match="lacks the tensor 'fc.weight'"):
+        _proposer(target, str(broken))
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text(json.dumps(raw))  # a config that fits the target
+    (pickled / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(SpecdecError, match="never loads"):
+        _proposer(target, str(pickled))
+
+
+def _proposer(target, folder):
+    from specdec_eagle.proposer import Eagle3Proposer
+
+    return Eagle3Proposer(Eagle3Proposer.Config(draft=folder), target)
+
+
+@pytest.mark.parametrize("options", [{"tree_size": 0}, {"tree_size": 0, "num_tokens": 1}, {},
+                                     {"tree_size": 5, "tree_width": 2, "num_tokens": 3},
+                                     {"tree_size": 30, "tree_width": 5, "num_tokens": 8}])
+@pytest.mark.parametrize("which", [0, 1])
+def test_greedy_output_is_plain_greedy(eagle_dirs, options, which):
+    model = tiny_model("llama", seed=which)
+    for prompt in ([5], [7, 8, 9, 10, 7, 8, 9], list(range(20, 40))):
+        decoder = SpeculativeDecoder.from_model(model, proposer="eagle3", draft=eagle_dirs[which], **options)
+        out = decoder.generate_ids(prompt, max_new_tokens=25)
+        assert out.token_ids == plain_greedy(model, prompt, 25), (options, prompt)
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle-train")
+    model_dir = save_tiny_model(root / "model", seed=4)
+    tokenizer = tiny_tokenizer()
+    gen = torch.Generator().manual_seed(0)
+    sequences = []
+    for _i in range(12):  # a learnable pattern: counting up from a random start
+        start = int(torch.randint(10, 60, (1,), generator=gen))
+        response = [start + j for j in range(1, 20)]
+        sequences.append(([2, start, 3] + response, [0] * 3 + [1] * len(response)))
+    return root, model_dir, write_data(root / "data", tokenizer, sequences)
+
+
+def test_tiny_training_run_lowers_loss_writes_a_loadable_draft_and_resumes(tiny_setup):
+    root, model_dir, data_dir = tiny_setup
+    run = root / "run"
+    args = ["train", "--proposer", "eagle3", "--model", model_dir, "--data", data_dir, "--out", str(run),
+            "--dtype", "float32", "--opt", "ttt_steps=3", "--opt", "draft_vocab_size=64", "--lr", "3e-3",
+            "--save-every", "10", "--eval-prompts", "2", "--no-progress"]
+    result = CliRunner().invoke(main, args + ["--steps", "20"])
+    assert result.exit_code == 0, result.output
+    state = json.loads((run / "trainer_state.json").read_text())
+    history = state["history"]
+    assert state["step"] == 20 and history[-1]["loss"] < history[0]["loss"]
+    assert history[-1]["acceptance"] >= 1.0
+    raw = json.loads((run / "draft" / "config.json").read_text())
+    assert raw["draft_vocab_size"] == 64
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    decoder = SpeculativeDecoder.from_model(model, proposer="eagle3", draft=str(run / "draft"))
+    out = decoder.generate_ids([2, 30, 3], max_new_tokens=12)
+    assert out.token_ids == plain_greedy(model, [2, 30, 3], 12)
+    vocabulary = load_draft(run / "draft").d2t.clone()
+    result = CliRunner().invoke(main, args + ["--steps", "30", "--resume"])
+    assert result.exit_code == 0, result.output
+    resumed = json.loads((run / "trainer_state.json").read_text())
+    assert resumed["step"] == 30 and [h["step"] for h in resumed["history"]] == [10, 20, 30]
+    assert torch.equal(load_draft(run / "draft").d2t, vocabulary)  # the resumed run keeps its vocabulary
+
+
+def test_init_from_a_draft_for_another_target_is_refused(tiny_setup, tmp_path):
+    _, model_dir, _ = tiny_setup
+    save_draft(random_draft(7, hidden_size=64, head_dim=16), tmp_path / "wide")
+    target = TargetModel(tiny_model("llama", seed=4), tiny_tokenizer())
+    with pytest.raises(SpecdecError, match="hidden size 64"):
+        Eagle3Objective(Eagle3Objective.Config(), target, init=tmp_path / "wide")
