@@ -51,7 +51,28 @@ def dflash_dirs(tmp_path_factory):
     return folders
 
 
-def registered_cases(draft_dir, dflash_dirs):
+@pytest.fixture(scope="module")
+def eagle_dirs(tmp_path_factory):
+    """Random-weight EAGLE-3 drafts for the tiny targets: the whole vocabulary, and a reduced one."""
+    from specdec_eagle.checkpoint import save_draft
+    from specdec_eagle.model import Eagle3Config, Eagle3DraftModel
+
+    folders = []
+    for size, taps in [(128, [0, 1, 3]), (12, [2])]:
+        torch.manual_seed(size)
+        config = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              intermediate_size=48, vocab_size=128, draft_vocab_size=size, target_layer_ids=taps,
+                              num_target_layers=4)
+        model = Eagle3DraftModel(config)
+        if size < 128:
+            model.set_vocabulary(torch.tensor([0, 3, 5, 7, 8, 9, 10, 64, 100, 110, 120, 127]))
+        folder = tmp_path_factory.mktemp(f"eagle{size}")
+        save_draft(model, folder, dtype=torch.float64)
+        folders.append(str(folder))
+    return folders
+
+
+def registered_cases(draft_dir, dflash_dirs, eagle_dirs):
     cases = []
     for name in get_registry().proposers:
         if name == "draft":
@@ -63,6 +84,10 @@ def registered_cases(draft_dir, dflash_dirs):
             cases += [(name, {"draft": d}) for d in dflash_dirs]  # the defaults: tree and lookup together
             cases.append((name, {"draft": dflash_dirs[1], "lookup_after": 3}))  # lookup seeded by the draft
             cases.append((name, {"draft": dflash_dirs[0], "expansion": "best_first", "tree_size": 12}))
+        elif name == "eagle3":
+            cases += [(name, {"draft": d, "tree_size": 0}) for d in eagle_dirs]  # chains
+            cases += [(name, {"draft": d}) for d in eagle_dirs]  # the default dynamic tree
+            cases.append((name, {"draft": eagle_dirs[0], "tree_size": 40, "tree_width": 6, "num_tokens": 9}))
         elif name == "ngram":
             cases += [(name, {}), (name, {"num_tokens": 2, "min_n": 1, "max_n": 1}), (name, {"candidates": 3})]
         else:
@@ -70,9 +95,9 @@ def registered_cases(draft_dir, dflash_dirs):
     return cases
 
 
-def test_every_registered_proposer_is_covered(draft_dir, dflash_dirs):
-    names = {name for name, _ in registered_cases(draft_dir, dflash_dirs)}
-    assert {"autoregressive", "ngram", "draft", "dflash"} <= names
+def test_every_registered_proposer_is_covered(draft_dir, dflash_dirs, eagle_dirs):
+    names = {name for name, _ in registered_cases(draft_dir, dflash_dirs, eagle_dirs)}
+    assert {"autoregressive", "ngram", "draft", "dflash", "eagle3"} <= names
 
 
 prompts = st.lists(st.integers(min_value=0, max_value=127), min_size=1, max_size=12)
@@ -81,10 +106,11 @@ prompts = st.lists(st.integers(min_value=0, max_value=127), min_size=1, max_size
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["llama", "qwen3"]), seed=st.integers(0, 2), prompt=prompts,
        max_new=st.integers(1, 24), case=st.integers(0, 100))
-def test_registered_proposers_match_plain_greedy(draft_dir, dflash_dirs, kind, seed, prompt, max_new, case):
+def test_registered_proposers_match_plain_greedy(draft_dir, dflash_dirs, eagle_dirs, kind, seed, prompt, max_new,
+                                                case):
     model = model_for(kind, seed)
     expected = plain_greedy(model, prompt, max_new)
-    cases = registered_cases(draft_dir, dflash_dirs)
+    cases = registered_cases(draft_dir, dflash_dirs, eagle_dirs)
     name, options = cases[case % len(cases)]
     if name == "dflash" and kind != "llama":
         name, options = "ngram", {}
@@ -94,11 +120,12 @@ def test_registered_proposers_match_plain_greedy(draft_dir, dflash_dirs, kind, s
     assert len(out.token_ids) == max_new
 
 
-@pytest.mark.parametrize("name", ["autoregressive", "ngram", "draft", "dflash"])
-def test_each_builtin_on_a_repetitive_prompt(draft_dir, dflash_dirs, name):
+@pytest.mark.parametrize("name", ["autoregressive", "ngram", "draft", "dflash", "eagle3"])
+def test_each_builtin_on_a_repetitive_prompt(draft_dir, dflash_dirs, eagle_dirs, name):
     model = model_for("llama", 0)
     prompt = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]
-    options = {"draft": draft_dir} if name == "draft" else {"draft": dflash_dirs[1]} if name == "dflash" else {}
+    drafts = {"draft": draft_dir, "dflash": dflash_dirs[1], "eagle3": eagle_dirs[1]}
+    options = {"draft": drafts[name]} if name in drafts else {}
     out = SpeculativeDecoder.from_model(model, proposer=name, **options).generate_ids(prompt, max_new_tokens=30)
     assert out.token_ids == plain_greedy(model, prompt, 30)
 

@@ -84,13 +84,30 @@ def proposer_cases(tmp_path_factory, small_target):
     reduced_dir = tmp_path_factory.mktemp("dflash8-vocab")
     save_draft(load_draft(dflash_dir, dtype=torch.float64), reduced_dir, dtype=torch.float64)
     save_vocab(torch.arange(0, VOCAB, 3), reduced_dir)
+    from specdec_eagle.checkpoint import save_draft as save_eagle
+    from specdec_eagle.model import Eagle3Config, Eagle3DraftModel
+
+    eagle_dirs = {}
+    for size in (VOCAB, VOCAB // 3):
+        torch.manual_seed(14)
+        eagle = Eagle3DraftModel(Eagle3Config(hidden_size=16, num_attention_heads=2, num_key_value_heads=1,
+                                              head_dim=8, intermediate_size=16, vocab_size=VOCAB,
+                                              draft_vocab_size=size, target_layer_ids=[0, 1], num_target_layers=2))
+        if size < VOCAB:  # every third token: q is zero on the rest
+            eagle.set_vocabulary(torch.arange(0, VOCAB, 3)[:size])
+        eagle_dirs[size] = tmp_path_factory.mktemp(f"eagle{size}")
+        save_eagle(eagle, eagle_dirs[size], dtype=torch.float64)
     return {"autoregressive": {}, "ngram": {"num_tokens": 3, "min_n": 1, "max_n": 2},
             "ngram-tree": {"num_tokens": 3, "min_n": 1, "max_n": 2, "candidates": 3},
             "draft": {"draft": str(draft_dir), "num_tokens": 3}, "dflash": {"draft": str(dflash_dir)},
             "dflash-chain": {"draft": str(dflash_dir), "tree_size": 0, "lookup": 0},  # sampled drafts, with q
             "dflash-vocab": {"draft": str(reduced_dir), "tree_size": 0, "lookup": 0},
             "dflash-lookup": {"draft": str(dflash_dir), "tree_size": 0, "lookup": 1},
-            "dflash-tree": {"draft": str(reduced_dir), "tree_size": 6, "lookup": 1, "drafting": "greedy"}}
+            "dflash-tree": {"draft": str(reduced_dir), "tree_size": 6, "lookup": 1, "drafting": "greedy"},
+            "eagle3": {"draft": str(eagle_dirs[VOCAB]), "num_tokens": 3},  # a sampled chain, with q
+            "eagle3-vocab": {"draft": str(eagle_dirs[VOCAB // 3]), "num_tokens": 3},
+            "eagle3-tree": {"draft": str(eagle_dirs[VOCAB // 3]), "tree_size": 6, "tree_width": 3,
+                            "drafting": "greedy"}}
 
 
 def sample_counts(decoder, prompt, steps, params, runs):
@@ -110,7 +127,8 @@ def test_every_registered_proposer_is_covered(proposer_cases):
 
 
 @pytest.mark.parametrize("name", ["autoregressive", "ngram", "ngram-tree", "draft", "dflash", "dflash-chain",
-                                  "dflash-vocab", "dflash-lookup", "dflash-tree", "test-random", "test-random-tree"])
+                                  "dflash-vocab", "dflash-lookup", "dflash-tree", "eagle3", "eagle3-vocab",
+                                  "eagle3-tree", "test-random", "test-random-tree"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.7, top_k=5, top_p=0.9)], ids=["T1", "T07k5p09"])
 def test_sampled_distribution_equals_the_targets(small_target, proposer_cases, name, params):
