@@ -116,6 +116,30 @@ def test_dflash_without_a_draft_for_a_custom_target(model_dir):
     assert_clean_error(result, "needs a draft checkpoint")
 
 
+def test_eagle3_without_a_draft_for_a_custom_target(model_dir):
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "eagle3", "hi"), "needs a draft checkpoint")
+
+
+def test_a_draft_of_the_other_kind_is_named(model_dir, tmp_path):
+    from specdec_dflash.checkpoint import save_draft as save_dflash
+    from specdec_dflash.model import DFlashConfig, DFlashDraftModel
+    from specdec_eagle.checkpoint import save_draft as save_eagle
+    from specdec_eagle.model import Eagle3Config, Eagle3DraftModel
+
+    dflash = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=8, intermediate_size=48, mask_token_id=5, target_layer_ids=[1],
+                          num_target_layers=4, vocab_size=128)
+    save_dflash(DFlashDraftModel(dflash), tmp_path / "dflash")
+    eagle = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         intermediate_size=48, vocab_size=128, draft_vocab_size=128, target_layer_ids=[0, 1, 3],
+                         num_target_layers=4)
+    save_eagle(Eagle3DraftModel(eagle), tmp_path / "eagle")
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "eagle3", "--draft", str(tmp_path / "dflash"),
+                               "hi"), "holds a DFlash draft, not an EAGLE-3 one; use --proposer dflash")
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "dflash", "--draft", str(tmp_path / "eagle"),
+                               "hi"), "holds an EAGLE draft, not a DFlash one; use --proposer eagle3")
+
+
 # -- third-party plugins through the entry-point group ------------------------------------------------------
 PLUGIN = textwrap.dedent('''
     import torch
@@ -176,6 +200,7 @@ def test_third_party_plugin_is_listed_and_works(plugin_path, model_dir):
     echo = next(row for row in listing if row["name"] == "echo")
     assert echo["distribution"] == "specdec-echo 0.1" and echo["options"]["num_tokens"]["default"] == 2
     assert {"ngram", "autoregressive", "draft", "dflash"} <= {row["name"] for row in listing}
+    assert "eagle3" not in {row["name"] for row in listing}  # not in SPECDEC_LOAD_PLUGINS
     result = run_cli("run", "--model", model_dir, "-p", "echo", "--json", "-n", "10", "w4 w4 w4")
     assert result.exit_code == 0, result.output
     from transformers import AutoModelForCausalLM

@@ -30,6 +30,8 @@ def read_config(path: str | os.PathLike) -> DFlashConfig:
         raw = json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
         raise SpecdecError(f"{config_file} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    if "eagle_config" in raw or any("Eagle" in str(a) for a in raw.get("architectures") or []):
+        raise SpecdecError(f"{folder} holds an EAGLE draft, not a DFlash one; use --proposer eagle3.")
     try:
         return DFlashConfig.from_checkpoint_json(raw)
     except ValidationError as exc:

@@ -33,6 +33,8 @@ def read_config(path: str | os.PathLike) -> Eagle3Config:
         raw = json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
         raise SpecdecError(f"{config_file} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    if "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or []):
+        raise SpecdecError(f"{folder} holds a DFlash draft, not an EAGLE-3 one; use --proposer dflash.")
     layers = raw.get("num_hidden_layers", 1)
     if layers != 1:
         raise SpecdecError(f"{config_file} describes {layers} draft layers; an EAGLE-3 draft has exactly one "
