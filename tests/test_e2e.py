@@ -53,8 +53,8 @@ def test_shipped_draft_is_the_default_and_lossless(float32_target):
         assert out.token_ids == hf_greedy(float32_target, prompt, 64), prompt
         accepted += sum(out.stats.acceptance_lengths)
         steps += len(out.stats.acceptance_lengths)
-    # The floor. The shipped draft measures 1.53 here (float32, 64 tokens, 51 steps); an untrained or
-    # broken draft scores ~1.0.
+    # The floor. The shipped draft (run 6, with its default tree and prompt lookup) measures 2.81 here
+    # (float32, 64 tokens, 47 steps); an untrained or broken draft scores ~1.0.
     assert accepted / steps > 1.5
 
 

@@ -45,6 +45,8 @@ def read_config(path: str | os.PathLike) -> Eagle3Config:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"]) or "config"
         raise SpecdecError(f"{config_file}: {key}: {err['msg']}; fix the draft's config.json.") from None
+    except ValueError as exc:  # a setting this draft does not implement
+        raise SpecdecError(f"{config_file}: {exc}; use a draft without it.") from None
 
 
 def check_against_target(config: Eagle3Config, target_hidden: int, target_layers: int, vocab_size: int,
@@ -111,10 +113,22 @@ def load_weights(model: Eagle3DraftModel, folder: Path) -> None:
     model.load_state_dict(tensors, strict=True)
 
 
-def load_draft(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu") -> Eagle3DraftModel:
+def read_config_for(path: str | os.PathLike, num_target_layers: int | None) -> Eagle3Config:
+    """`read_config`, with what the checkpoint leaves to the target (its depth, the default taps) filled in."""
+    config = read_config(path)
+    if num_target_layers is not None:
+        config = config.for_target(num_target_layers)
+    if config.target_layer_ids is None:
+        raise SpecdecError(f"{Path(path) / 'config.json'} names neither its target layers "
+                           "(eagle_config.eagle_aux_hidden_state_layer_ids) nor num_target_layers; add one.")
+    return config
+
+
+def load_draft(path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+               num_target_layers: int | None = None) -> Eagle3DraftModel:
+    """The draft in `path`; `num_target_layers` fills in a config that leaves the taps to the target."""
     folder = Path(path)
-    model = Eagle3DraftModel(read_config(folder))
+    model = Eagle3DraftModel(read_config_for(folder, num_target_layers))
     load_weights(model, folder)
     return model.to(device=device, dtype=dtype).eval()
 

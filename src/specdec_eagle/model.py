@@ -38,8 +38,10 @@ class Eagle3Config(BaseModel):
     rope_theta: float = 10_000.0
     vocab_size: int = Field(gt=0)
     draft_vocab_size: int = Field(gt=0)
-    target_layer_ids: list[int]
-    num_target_layers: int = Field(gt=0)
+    # None in a SpecForge config that names neither: vLLM then takes its default from the target, and so
+    # does `for_target`
+    target_layer_ids: list[int] | None = None
+    num_target_layers: int | None = Field(None, gt=0)
     max_position_embeddings: int = 32768
 
     @model_validator(mode="after")
@@ -47,7 +49,7 @@ class Eagle3Config(BaseModel):
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
-        if not self.target_layer_ids:
+        if self.target_layer_ids is not None and not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty")
         if self.draft_vocab_size > self.vocab_size:
             raise ValueError(f"draft_vocab_size ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size})")
@@ -58,17 +60,30 @@ class Eagle3Config(BaseModel):
         """EAGLE-3's low, middle and high layers: outputs of layers 1, L/2 - 1 and L - 4 (SpecForge's choice,
         vLLM's default aux layers (2, L/2, L - 3) counted as inputs)."""
         picks = [1, num_target_layers // 2 - 1, num_target_layers - 4]
-        return sorted({min(max(i, 0), num_target_layers - 1) for i in picks})
+        # repeats kept (a shallow target), as vLLM keeps them: fc always reads three states
+        return [min(max(i, 0), num_target_layers - 1) for i in picks]
+
+    def for_target(self, num_target_layers: int) -> Eagle3Config:
+        """This config with the target's depth filled in where the checkpoint left it out."""
+        layers = self.num_target_layers or num_target_layers
+        taps = self.target_layer_ids or self.default_target_layer_ids(layers)
+        return self.model_copy(update={"num_target_layers": layers, "target_layer_ids": taps})
 
     @classmethod
     def from_checkpoint_json(cls, raw: dict) -> Eagle3Config:
+        """Read SpecForge's / vLLM's config.json; settings this draft does not implement are refused."""
+        for key in ("rope_scaling", "rope_parameters"):
+            rope = raw.get(key) or {}
+            if rope.get("rope_type", rope.get("type", "default")) != "default":
+                raise ValueError(f"{key} {rope} is not supported by specdec's EAGLE-3 draft (plain RoPE only)")
+        if raw.get("norm_before_residual"):
+            raise ValueError("norm_before_residual is not supported by specdec's EAGLE-3 draft (the residual is the "
+                             "un-normed feature, as in EAGLE-3's reference)")
         flat = {k: v for k, v in raw.items() if k not in ("eagle_config", "auto_map")}
         eagle = raw.get("eagle_config") or {}
-        aux = eagle.get("eagle_aux_hidden_state_layer_ids")
+        aux = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
         if aux is not None:
             flat["target_layer_ids"] = [int(i) - 1 for i in aux]
-        elif "num_target_layers" in flat and "target_layer_ids" not in flat:
-            flat["target_layer_ids"] = cls.default_target_layer_ids(int(flat["num_target_layers"]))
         flat.setdefault("draft_vocab_size", flat.get("vocab_size"))
         if flat.get("head_dim") is None and flat.get("hidden_size") and flat.get("num_attention_heads"):
             flat["head_dim"] = flat["hidden_size"] // flat["num_attention_heads"]
@@ -76,6 +91,7 @@ class Eagle3Config(BaseModel):
             rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
             if "rope_theta" in rope:
                 flat["rope_theta"] = rope["rope_theta"]
+        flat.pop("rope_scaling", None)
         return cls.model_validate(flat)
 
     def to_checkpoint_json(self) -> dict:
@@ -217,7 +233,8 @@ class Attention(nn.Module):
                     for kk, vv in earlier[1:] + [(k, v)]]
         own = torch.stack([(q * kk).sum(-1) * scale for kk, _ in diagonal], dim=-1)  # [B, h, T, j]
         rows = scores.shape[-1]
-        probs = torch.cat([scores.float(), own.float()], dim=-1).softmax(dim=-1).to(q.dtype)
+        wide = torch.promote_types(q.dtype, torch.float32)  # the softmax in float32 at least (bf16 autocast)
+        probs = torch.cat([scores.to(wide), own.to(wide)], dim=-1).softmax(dim=-1).to(q.dtype)
         out = probs[..., :rows] @ v0
         for s, (_, vv) in enumerate(diagonal):
             out = out + probs[..., rows + s: rows + s + 1] * vv

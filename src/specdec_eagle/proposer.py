@@ -15,7 +15,7 @@ from specdec.prepacked import route_through_packed
 from specdec.sampling import logits_to_probs
 from specdec.target import TargetModel
 
-from .checkpoint import check_against_target, load_draft, read_config
+from .checkpoint import check_against_target, load_draft, read_config_for
 from .model import Eagle3Cache
 
 #: the EAGLE-3 draft this project trained for the embedded default target, shipped inside the package
@@ -47,7 +47,7 @@ class Eagle3Proposer(Proposer):
         if config.draft is None and not shipped_draft_available():
             raise SpecdecError("Proposer 'eagle3' needs a draft checkpoint; pass --draft PATH (or --opt draft=PATH).")
         folder = Path(config.draft) if config.draft is not None else SHIPPED_DRAFT
-        draft_config = read_config(folder)
+        draft_config = read_config_for(folder, target.num_layers)
         try:
             check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, str(folder))
         except SpecdecError:
@@ -55,7 +55,7 @@ class Eagle3Proposer(Proposer):
                 raise
             raise SpecdecError("Proposer 'eagle3' needs a draft checkpoint for this target (the shipped draft is "
                                "for the embedded SmolLM2-135M-Instruct); pass --draft PATH.") from None
-        self.model = load_draft(folder, dtype=target.dtype, device=target.device)
+        self.model = load_draft(folder, dtype=target.dtype, device=target.device, num_target_layers=target.num_layers)
         self.layer_ids = list(draft_config.target_layer_ids)
         self.vocab_ids = self.model.target_ids(torch.arange(draft_config.draft_vocab_size, device=target.device))
         self.prepacked = route_through_packed([self.model])  # few-row products, laid out once (bf16 CPU)

@@ -62,7 +62,7 @@ class Eagle3Objective(TrainingObjective):
         super().__init__(config, target)
         self.fresh = init is None  # a new draft takes its vocabulary from the data (use_data)
         if init is not None:
-            draft = load_draft(init, dtype=torch.float32, device=target.device)
+            draft = load_draft(init, dtype=torch.float32, device=target.device, num_target_layers=target.num_layers)
             check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
         else:
             tc = target.config
