@@ -14,6 +14,9 @@ python scripts/measure_dflash_step.py --dtype float32 | tee -a "$out/dflash_step
 # dflash = the defaults (a 16-token tree and prompt lookup); dflash:chain = the paper's argmax chain
 chain=(--opt dflash:chain.tree_size=0 --opt dflash:chain.lookup=0)
 all=(-p autoregressive,ngram,dflash:chain,dflash "${chain[@]}" --baselines hf-greedy,hf-pld)
+# DFlash against EAGLE-3, both shipped drafts: trees of 16 without prompt lookup, and the chains
+versus=(-p dflash,dflash:tree,dflash:chain,eagle3,eagle3:chain --opt dflash:tree.lookup=0 "${chain[@]}"
+        --opt eagle3:chain.tree_size=0 --baselines hf-greedy)
 run gsm8k-bf16 -d gsm8k -l "$limit" -n 256 --dtype bfloat16 "${all[@]}"
 run mt_bench-bf16 -d mt_bench -l "$half" -n 256 --dtype bfloat16 "${all[@]}"
 run gsm8k-fp32 -d gsm8k -l "$half" -n 128 --dtype float32 -p autoregressive,dflash:chain,dflash "${chain[@]}" \
@@ -21,3 +24,5 @@ run gsm8k-fp32 -d gsm8k -l "$half" -n 128 --dtype float32 -p autoregressive,dfla
 # temperature 1: the tree (point masses) against the chain drafting from the draft's own distribution
 run gsm8k-t1 -d gsm8k -l "$half" -n 128 --dtype bfloat16 -t 1.0 -p autoregressive,dflash:chain,dflash "${chain[@]}" \
     --baselines none
+run gsm8k-versus -d gsm8k -l "$limit" -n 256 --dtype bfloat16 "${versus[@]}"
+run mt_bench-versus -d mt_bench -l "$half" -n 256 --dtype bfloat16 "${versus[@]}"

@@ -58,6 +58,21 @@ def test_shipped_draft_is_the_default_and_lossless(float32_target):
     assert accepted / steps > 1.5
 
 
+def test_shipped_eagle3_draft_is_lossless(float32_target):
+    from specdec_eagle.proposer import SHIPPED_DRAFT, shipped_draft_available
+
+    assert shipped_draft_available(), f"no draft shipped in {SHIPPED_DRAFT}"
+    decoder = SpeculativeDecoder.from_pretrained(proposer="eagle3", dtype="float32")
+    accepted = steps = 0
+    for prompt in PROMPTS:
+        out = decoder.generate(prompt, max_new_tokens=64)
+        assert out.token_ids == hf_greedy(float32_target, prompt, 64), prompt
+        accepted += sum(out.stats.acceptance_lengths)
+        steps += len(out.stats.acceptance_lengths)
+    # 2.81 here (float32, 64 tokens, 47 steps, its default tree); an untrained or broken draft scores ~1.0
+    assert accepted / steps > 1.5
+
+
 def test_default_run_prints_an_answer():
     result = CliRunner().invoke(main, ["run", "-n", "24", "What is 2+2?"])
     assert result.exit_code == 0, result.output

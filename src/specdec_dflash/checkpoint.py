@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 from pydantic import ValidationError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from specdec.errors import SpecdecError
+from specdec.weights import check_tensors, read_safetensors
 
 from .model import DFlashConfig, DFlashDraftModel
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 #: tensors some checkpoints carry but a DFlash draft takes from the target instead
 TARGET_OWNED = ("embed_tokens.weight", "lm_head.weight", "model.embed_tokens.weight")
 
@@ -61,37 +61,10 @@ def check_against_target(config: DFlashConfig, target_hidden: int, target_layers
                            f"the target has {vocab_size}; use a draft trained for this target.")
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        return files
-    pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
-    if pickles:
-        raise SpecdecError(f"{folder} holds only pickle weights ({', '.join(pickles)}), which specdec never loads "
-                           "because unpickling can run code; convert them to safetensors.")
-    raise SpecdecError(f"{folder} has no .safetensors weights; a DFlash draft folder holds config.json and "
-                       "model.safetensors.")
-
-
 def load_weights(model: DFlashDraftModel, folder: Path) -> None:
-    tensors: dict[str, torch.Tensor] = {}
-    for file in _safetensors_files(folder):
-        tensors.update(load_file(file))
+    tensors = read_safetensors(folder, "DFlash draft")
     tensors = {k.removeprefix("model."): v for k, v in tensors.items() if k not in TARGET_OWNED}
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise SpecdecError(f"The DFlash draft in {folder} lacks the tensor {missing[0]!r}{more}; the checkpoint is "
-                           "incomplete or was made for another architecture.")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise SpecdecError(f"The DFlash draft in {folder} has a tensor {unexpected[0]!r} that its config.json does "
-                           "not describe (e.g. more layers than num_hidden_layers); fix the config or the weights.")
-    for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise SpecdecError(f"Tensor {name!r} in {folder} has shape {tuple(tensor.shape)} but config.json implies "
-                               f"{tuple(expected[name].shape)}; the weights and the config do not match.")
+    check_tensors(model.state_dict(), tensors, folder, "DFlash draft")
     model.load_state_dict(tensors, strict=True)
 
 

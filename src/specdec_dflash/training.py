@@ -20,7 +20,7 @@ from pydantic import Field
 from specdec.errors import SpecdecError
 from specdec.target import TargetModel
 from specdec.training.data import DataDir
-from specdec.training.objective import ObjectiveConfig, TrainingObjective
+from specdec.training.objective import ObjectiveConfig, TrainingObjective, rope_theta_of
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .model import DFlashConfig, DFlashDraftModel
@@ -151,7 +151,7 @@ class DFlashObjective(TrainingObjective):
                 head_dim=int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
                 intermediate_size=config.intermediate_size or int(tc.intermediate_size),
                 rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-                rope_theta=_rope_theta(tc),
+                rope_theta=rope_theta_of(tc),
                 block_size=config.block_size or 16,
                 mask_token_id=config.mask_token_id if config.mask_token_id is not None
                 else pick_mask_token(target.tokenizer),
@@ -287,14 +287,6 @@ class DFlashObjective(TrainingObjective):
         if self.vocab_ids is not None:
             save_vocab(self.vocab_ids.cpu(), path, source=self.vocab_source)
         return path
-
-
-def _rope_theta(config) -> float:
-    theta = getattr(config, "rope_theta", None)
-    if theta is None:
-        params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-        theta = params.get("rope_theta", 10000.0)
-    return float(theta)
 
 
 def _init_weights(model: DFlashDraftModel, std: float = 0.02) -> None:

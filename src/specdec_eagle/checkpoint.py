@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 from pydantic import ValidationError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from specdec.errors import SpecdecError
+from specdec.weights import check_tensors, read_safetensors
 
 from .model import Eagle3Config, Eagle3DraftModel
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 TARGET_OWNED = ("embed_tokens.weight", "model.embed_tokens.weight")
 
 
@@ -67,42 +67,15 @@ def check_against_target(config: Eagle3Config, target_hidden: int, target_layers
                            f"but the target has {vocab_size}; use a draft trained for this target.")
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        return files
-    pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
-    if pickles:
-        raise SpecdecError(f"{folder} holds only pickle weights ({', '.join(pickles)}), which specdec never loads "
-                           "because unpickling can run code; convert them to safetensors.")
-    raise SpecdecError(f"{folder} has no .safetensors weights; an EAGLE-3 draft folder holds config.json and "
-                       "model.safetensors.")
-
-
 def load_weights(model: Eagle3DraftModel, folder: Path) -> None:
-    tensors: dict[str, torch.Tensor] = {}
-    for file in _safetensors_files(folder):
-        tensors.update(load_file(file))
+    tensors = read_safetensors(folder, "EAGLE-3 draft")
     tensors = {k.removeprefix("model."): v for k, v in tensors.items() if k not in TARGET_OWNED}
-    expected = model.state_dict()
     config = model.config
     if "d2t" not in tensors and config.draft_vocab_size == config.vocab_size:
         tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)  # the identity map
     if "t2d" not in tensors and "d2t" in tensors:  # vLLM does not read it; rebuilt from d2t below
         tensors["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise SpecdecError(f"The EAGLE-3 draft in {folder} lacks the tensor {missing[0]!r}{more}; the checkpoint is "
-                           "incomplete or was made for another architecture.")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise SpecdecError(f"The EAGLE-3 draft in {folder} has a tensor {unexpected[0]!r} that its config.json does "
-                           "not describe; fix the config or the weights.")
-    for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise SpecdecError(f"Tensor {name!r} in {folder} has shape {tuple(tensor.shape)} but config.json implies "
-                               f"{tuple(expected[name].shape)}; the weights and the config do not match.")
+    check_tensors(model.state_dict(), tensors, folder, "EAGLE-3 draft")
     target_ids = torch.arange(config.draft_vocab_size) + tensors["d2t"].long()
     if target_ids.min() < 0 or target_ids.max() >= config.vocab_size or target_ids.unique().numel() != len(target_ids):
         raise SpecdecError(f"The d2t table in {folder} maps draft tokens to ids that are repeated or outside the "

@@ -21,7 +21,7 @@ from pydantic import Field
 from specdec.draft_vocab import label_map, most_frequent
 from specdec.target import TargetModel
 from specdec.training.data import DataDir
-from specdec.training.objective import ObjectiveConfig, TrainingObjective
+from specdec.training.objective import ObjectiveConfig, TrainingObjective, rope_theta_of
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .model import Eagle3Config, Eagle3DraftModel
@@ -74,7 +74,7 @@ class Eagle3Objective(TrainingObjective):
                 head_dim=int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
                 intermediate_size=config.intermediate_size or int(tc.intermediate_size),
                 rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-                rope_theta=_rope_theta(tc),
+                rope_theta=rope_theta_of(tc),
                 vocab_size=target.vocab_size,
                 draft_vocab_size=min(config.draft_vocab_size, target.vocab_size),
                 target_layer_ids=config.target_layer_ids or Eagle3Config.default_target_layer_ids(target.num_layers),
@@ -182,14 +182,6 @@ class Eagle3Objective(TrainingObjective):
 
     def save_draft(self, folder: str | Path) -> Path:
         return save_draft(self.draft, folder)
-
-
-def _rope_theta(config) -> float:
-    theta = getattr(config, "rope_theta", None)
-    if theta is None:
-        params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-        theta = params.get("rope_theta", 10000.0)
-    return float(theta)
 
 
 def _init_weights(model: Eagle3DraftModel, std: float = 0.02) -> None:

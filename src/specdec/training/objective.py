@@ -65,3 +65,12 @@ class TrainingObjective:
     def proposer_options(self, folder: str | Path) -> dict[str, Any]:
         """Options that make the proposer use the draft saved in `folder` (for evaluation)."""
         return {"draft": str(folder)}
+
+
+def rope_theta_of(config: Any) -> float:
+    """A transformers config's RoPE base, wherever this transformers version keeps it (a draft copies it)."""
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        theta = params.get("rope_theta", 10000.0)
+    return float(theta)
