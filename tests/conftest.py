@@ -87,3 +87,35 @@ def save_tiny_model(folder, kind: str = "llama", vocab: int = 128, with_tokenize
     if with_tokenizer:
         tiny_tokenizer(vocab).save_pretrained(folder)
     return str(folder)
+
+
+def write_data(folder, tokenizer, sequences):
+    """A training data directory for `tokenizer` holding `sequences`: (tokens, loss mask) pairs."""
+    from specdec.training.data import DataDir, tokenizer_fingerprint
+
+    data = DataDir(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    index = {"format": 1, "target": {"name_or_path": "tiny", "vocab_size": len(tokenizer),
+                                     "tokenizer_sha256": tokenizer_fingerprint(tokenizer)},
+             "generation": {}, "shards": []}
+    data.write_index(index)
+    data.append_shard(index, [f"s{i}" for i in range(len(sequences))], sequences)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    """(root folder, tiny target saved as a folder, data directory of 12 counting sequences) per module."""
+    root = tmp_path_factory.mktemp("train")
+    model_dir = save_tiny_model(root / "model", seed=4)
+    tokenizer = tiny_tokenizer()
+    gen = torch.Generator().manual_seed(0)
+    sequences = []
+    for _i in range(12):  # a learnable pattern: counting up from a random start
+        start = int(torch.randint(10, 60, (1,), generator=gen))
+        prompt = [2, start, 3]
+        response = [start + j for j in range(1, 20)]
+        sequences.append((prompt + response, [0] * 3 + [1] * len(response)))
+    data_dir = write_data(root / "data", tokenizer, sequences)
+    return root, model_dir, data_dir

@@ -6,8 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import plain_greedy, tiny_model, tiny_tokenizer
-from test_training import write_data
+from conftest import plain_greedy, tiny_model, tiny_tokenizer, write_data
 
 from specdec import DecodeState, SpecdecError, SpeculativeDecoder, TargetModel
 from specdec.training.data import DataDir

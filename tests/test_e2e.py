@@ -31,6 +31,17 @@ def hf_greedy(decoder, prompt, max_new_tokens):
     return out[0, ids.shape[1]:].tolist()
 
 
+def lossless_acceptance(decoder, float32_target, max_new_tokens: int = 64) -> tuple[int, int]:
+    """Generate each prompt, assert it equals transformers' greedy output; (tokens committed, steps)."""
+    accepted = steps = 0
+    for prompt in PROMPTS:
+        out = decoder.generate(prompt, max_new_tokens=max_new_tokens)
+        assert out.token_ids == hf_greedy(float32_target, prompt, max_new_tokens), prompt
+        accepted += sum(out.stats.acceptance_lengths)
+        steps += len(out.stats.acceptance_lengths)
+    return accepted, steps
+
+
 def test_cli_ngram_matches_transformers_generate(float32_target):
     for prompt in PROMPTS:
         result = CliRunner().invoke(main, ["run", "--proposer", "ngram", "--dtype", "float32", "--json", "-n", "48",
@@ -47,12 +58,7 @@ def test_shipped_draft_is_the_default_and_lossless(float32_target):
     assert default_proposer(None) == "dflash"
     decoder = SpeculativeDecoder.from_pretrained(dtype="float32")
     assert decoder.proposer.name == "dflash"
-    accepted = steps = 0
-    for prompt in PROMPTS:
-        out = decoder.generate(prompt, max_new_tokens=64)
-        assert out.token_ids == hf_greedy(float32_target, prompt, 64), prompt
-        accepted += sum(out.stats.acceptance_lengths)
-        steps += len(out.stats.acceptance_lengths)
+    accepted, steps = lossless_acceptance(decoder, float32_target)
     # The issue's floor. The shipped draft (run 6, with its default tree and prompt lookup) measures 2.81 here
     # (float32, 64 tokens, 47 steps); an untrained or broken draft scores ~1.0.
     assert accepted / steps > 1.5
@@ -63,12 +69,7 @@ def test_shipped_eagle3_draft_is_lossless(float32_target):
 
     assert shipped_draft_available(), f"no draft shipped in {SHIPPED_DRAFT}"
     decoder = SpeculativeDecoder.from_pretrained(proposer="eagle3", dtype="float32")
-    accepted = steps = 0
-    for prompt in PROMPTS:
-        out = decoder.generate(prompt, max_new_tokens=64)
-        assert out.token_ids == hf_greedy(float32_target, prompt, 64), prompt
-        accepted += sum(out.stats.acceptance_lengths)
-        steps += len(out.stats.acceptance_lengths)
+    accepted, steps = lossless_acceptance(decoder, float32_target)
     # 2.81 here (float32, 64 tokens, 47 steps, its default tree); an untrained or broken draft scores ~1.0
     assert accepted / steps > 1.5
 

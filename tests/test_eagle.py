@@ -8,9 +8,8 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import plain_greedy, save_tiny_model, tiny_model, tiny_tokenizer
+from conftest import plain_greedy, tiny_model, tiny_tokenizer
 from safetensors.torch import load_file, save_file
-from test_training import write_data
 
 from specdec import SpecdecError, SpeculativeDecoder, TargetModel, tree
 from specdec.cli import main
@@ -303,20 +302,6 @@ def test_greedy_output_is_plain_greedy(eagle_dirs, options, which):
         decoder = SpeculativeDecoder.from_model(model, proposer="eagle3", draft=eagle_dirs[which], **options)
         out = decoder.generate_ids(prompt, max_new_tokens=25)
         assert out.token_ids == plain_greedy(model, prompt, 25), (options, prompt)
-
-
-@pytest.fixture(scope="module")
-def tiny_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eagle-train")
-    model_dir = save_tiny_model(root / "model", seed=4)
-    tokenizer = tiny_tokenizer()
-    gen = torch.Generator().manual_seed(0)
-    sequences = []
-    for _i in range(12):  # a learnable pattern: counting up from a random start
-        start = int(torch.randint(10, 60, (1,), generator=gen))
-        response = [start + j for j in range(1, 20)]
-        sequences.append(([2, start, 3] + response, [0] * 3 + [1] * len(response)))
-    return root, model_dir, write_data(root / "data", tokenizer, sequences)
 
 
 def test_tiny_training_run_lowers_loss_writes_a_loadable_draft_and_resumes(tiny_setup):

@@ -92,35 +92,6 @@ def test_loss_weights():
     assert torch.allclose(loss_weights(8), torch.exp(-torch.arange(7.0) / 4))
 
 
-def write_data(folder, tokenizer, sequences):
-    data = DataDir(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    from specdec.training.data import tokenizer_fingerprint
-
-    index = {"format": 1, "target": {"name_or_path": "tiny", "vocab_size": len(tokenizer),
-                                     "tokenizer_sha256": tokenizer_fingerprint(tokenizer)},
-             "generation": {}, "shards": []}
-    data.write_index(index)
-    data.append_shard(index, [f"s{i}" for i in range(len(sequences))], sequences)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
-def tiny_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    model_dir = save_tiny_model(root / "model", seed=4)
-    tokenizer = tiny_tokenizer()
-    gen = torch.Generator().manual_seed(0)
-    sequences = []
-    for _i in range(12):  # a learnable pattern: counting up from a random start
-        start = int(torch.randint(10, 60, (1,), generator=gen))
-        prompt = [2, start, 3]
-        response = [start + j for j in range(1, 20)]
-        sequences.append((prompt + response, [0] * 3 + [1] * len(response)))
-    data_dir = write_data(root / "data", tokenizer, sequences)
-    return root, model_dir, data_dir
-
-
 def test_tiny_run_lowers_loss_writes_a_loadable_draft_and_resumes(tiny_setup):
     root, model_dir, data_dir = tiny_setup
     run = root / "run"

@@ -20,7 +20,7 @@ from pydantic import Field
 from specdec.errors import SpecdecError
 from specdec.target import TargetModel
 from specdec.training.data import DataDir
-from specdec.training.objective import ObjectiveConfig, TrainingObjective, rope_theta_of
+from specdec.training.objective import ObjectiveConfig, TrainingObjective, target_shaped_fields
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .model import DFlashConfig, DFlashDraftModel
@@ -139,26 +139,15 @@ class DFlashObjective(TrainingObjective):
                 # fine-tuned for a shorter block: the saved config, and so the proposer's default, follows
                 draft.config = draft.config.model_copy(update={"block_size": config.block_size})
         else:
-            tc = target.config
             layer_ids = config.target_layer_ids or DFlashConfig.default_target_layer_ids(target.num_layers,
                                                                                          config.num_layers)
-            heads = int(tc.num_attention_heads)
             draft_config = DFlashConfig(
-                hidden_size=target.hidden_size,
+                **target_shaped_fields(target, config.intermediate_size),
                 num_hidden_layers=config.num_layers,
-                num_attention_heads=heads,
-                num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
-                head_dim=int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
-                intermediate_size=config.intermediate_size or int(tc.intermediate_size),
-                rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-                rope_theta=rope_theta_of(tc),
                 block_size=config.block_size or 16,
                 mask_token_id=config.mask_token_id if config.mask_token_id is not None
                 else pick_mask_token(target.tokenizer),
                 target_layer_ids=layer_ids,
-                num_target_layers=target.num_layers,
-                vocab_size=target.vocab_size,
-                max_position_embeddings=int(getattr(tc, "max_position_embeddings", 32768)),
             )
             check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, "(new)")
             draft = DFlashDraftModel(draft_config).to(target.device)

@@ -73,9 +73,9 @@ def load_weights(model: Eagle3DraftModel, folder: Path) -> None:
     config = model.config
     if "d2t" not in tensors and config.draft_vocab_size == config.vocab_size:
         tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)  # the identity map
-    if "t2d" not in tensors and "d2t" in tensors:  # vLLM does not read it; rebuilt from d2t below
-        tensors["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool)
-    check_tensors(model.state_dict(), tensors, folder, "EAGLE-3 draft")
+    tensors.pop("t2d", None)  # derived from d2t below (vLLM does not read it either)
+    expected = {k: v for k, v in model.state_dict().items() if k != "t2d"}
+    check_tensors(expected, tensors, folder, "EAGLE-3 draft")
     target_ids = torch.arange(config.draft_vocab_size) + tensors["d2t"].long()
     if target_ids.min() < 0 or target_ids.max() >= config.vocab_size or target_ids.unique().numel() != len(target_ids):
         raise SpecdecError(f"The d2t table in {folder} maps draft tokens to ids that are repeated or outside the "

@@ -312,13 +312,14 @@ class Eagle3DraftModel(nn.Module):
         features: torch.Tensor,  # [B, n, H] fused target states at i, or the draft's outputs at i - 1
         positions: torch.Tensor,  # [B, n]
         cache: Eagle3Cache,
+        mask: torch.Tensor | None = None,  # [n, c + n] bool, True = may attend; default: causal
     ) -> torch.Tensor:
-        """Inference: n new positions after the cache's (causal among themselves). Returns the outputs
-        [B, n, H] that are both the next feature and, through `logits`, the prediction of token i + 2."""
+        """Inference: n new positions after the cache's, causal among themselves unless `mask` says
+        otherwise (a tree's nodes see only their ancestors). Returns the outputs [B, n, H] that are both
+        the next feature and, through `logits`, the prediction of token i + 2."""
         layer = self.midlayer
         n, past = embeds.shape[1], cache.length()
-        mask = None
-        if n > 1:
+        if mask is None and n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=embeds.device)
             mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=embeds.device).tril()
         rope = self.rotary(positions, embeds.dtype)

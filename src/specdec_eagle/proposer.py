@@ -133,7 +133,7 @@ class Eagle3Proposer(Proposer):
         A node's estimate never exceeds its parent's, so the chosen nodes form a tree."""
         width = min(self.config.tree_width, self.vocab_ids.numel())
         committed = self.cache.length()
-        # nodes: (log estimate, path of target ids); `fed` maps a fed node's path to its key slot
+        # nodes: (log estimate, path of target ids from the root)
         logq = self.model.logits(feature)[0, -1].float().log_softmax(-1)
         top = logq.topk(width)
         frontier = [(value, [token]) for value, token in zip(top.values.tolist(),
@@ -144,18 +144,19 @@ class Eagle3Proposer(Proposer):
         for d in range(1, depth):
             frontier.sort(key=lambda node: -node[0])
             expand = frontier[:width]
-            # each expanded node sees the committed context, its ancestors' keys and its own
-            mask = torch.zeros(len(expand), committed + len(slots) + len(expand), dtype=torch.bool,
-                               device=feature.device)
+            # each expanded node sees the committed context, its ancestors' keys and its own (one scatter)
+            n, fed = len(expand), len(slots)
+            rows = [row for row, (_, path) in enumerate(expand) for _ in range(len(path) - 1)] + list(range(n))
+            cols = [committed + slots[tuple(path[:cut])] for _, path in expand for cut in range(1, len(path))]
+            cols += [committed + fed + row for row in range(n)]
+            mask = torch.zeros(n, committed + fed + n, dtype=torch.bool)
             mask[:, :committed] = True
-            for row, (_, path) in enumerate(expand):
-                for cut in range(1, len(path)):
-                    mask[row, committed + slots[tuple(path[:cut])]] = True
-                mask[row, committed + len(slots) + row] = True
+            mask[rows, cols] = True
             tokens = torch.tensor([[path[-1] for _, path in expand]], device=feature.device)
-            parents = torch.stack([features[tuple(path[:-1])] for _, path in expand]).unsqueeze(0)
+            parent_features = torch.stack([features[tuple(path[:-1])] for _, path in expand]).unsqueeze(0)
             positions = torch.full_like(tokens, length - 2 + d)
-            out = self._forward_masked(tokens, parents, positions, mask)  # [1, n, H]
+            out = self.model(self.target.embed_tokens(tokens), parent_features, positions, self.cache,
+                             mask.to(feature.device))  # [1, n, H]
             for row, (_, path) in enumerate(expand):
                 slots[tuple(path)] = len(slots)
                 features[tuple(path)] = out[0, row]
@@ -170,12 +171,3 @@ class Eagle3Proposer(Proposer):
         nodes.sort(key=lambda node: (-node[0], len(node[1])))  # a parent before its children, even on ties
         tokens, parents = tree.from_paths([path for _, path in nodes[: self.config.tree_size]])
         return Draft(tokens=torch.tensor([tokens], device=feature.device), parents=parents)
-
-    def _forward_masked(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                        mask: torch.Tensor) -> torch.Tensor:
-        """One draft forward of tree nodes [1, n] under an explicit mask [n, cache + n]."""
-        model = self.model
-        layer = model.midlayer
-        rope = model.rotary(positions, features.dtype)
-        attended = layer.self_attn(layer.joined(self.target.embed_tokens(tokens), features), rope, self.cache, mask)
-        return layer.finish(features, attended)

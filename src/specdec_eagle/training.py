@@ -21,7 +21,7 @@ from pydantic import Field
 from specdec.draft_vocab import label_map, most_frequent
 from specdec.target import TargetModel
 from specdec.training.data import DataDir
-from specdec.training.objective import ObjectiveConfig, TrainingObjective, rope_theta_of
+from specdec.training.objective import ObjectiveConfig, TrainingObjective, target_shaped_fields
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .model import Eagle3Config, Eagle3DraftModel
@@ -65,21 +65,10 @@ class Eagle3Objective(TrainingObjective):
             draft = load_draft(init, dtype=torch.float32, device=target.device, num_target_layers=target.num_layers)
             check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
         else:
-            tc = target.config
-            heads = int(tc.num_attention_heads)
             draft_config = Eagle3Config(
-                hidden_size=target.hidden_size,
-                num_attention_heads=heads,
-                num_key_value_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
-                head_dim=int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
-                intermediate_size=config.intermediate_size or int(tc.intermediate_size),
-                rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
-                rope_theta=rope_theta_of(tc),
-                vocab_size=target.vocab_size,
+                **target_shaped_fields(target, config.intermediate_size),
                 draft_vocab_size=min(config.draft_vocab_size, target.vocab_size),
                 target_layer_ids=config.target_layer_ids or Eagle3Config.default_target_layer_ids(target.num_layers),
-                num_target_layers=target.num_layers,
-                max_position_embeddings=int(getattr(tc, "max_position_embeddings", 32768)),
             )
             check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, "(new)")
             draft = Eagle3DraftModel(draft_config).to(target.device)
@@ -130,8 +119,7 @@ class Eagle3Objective(TrainingObjective):
         device = self.target.device
         count, length = len(sequences), max(int(t.shape[0]) for t, _ in sequences)
         if length < 3:  # no row has a label two tokens ahead
-            zero = sum(p.sum() for p in self.draft.parameters()) * 0.0
-            return zero, {"loss": 0.0, "accuracy": 0.0}
+            return self._no_loss()
         tokens = torch.zeros(count, length, dtype=torch.long, device=device)
         mask = torch.zeros(count, length, dtype=torch.bool, device=device)
         lengths = torch.tensor([int(t.shape[0]) for t, _ in sequences], device=device)
@@ -171,10 +159,13 @@ class Eagle3Objective(TrainingObjective):
                         accuracy = float((per_hits / counts.clamp(min=1))[counts > 0].mean())
         has_labels = weight_sum > 0
         if not has_labels.any():
-            zero = sum(p.sum() for p in self.draft.parameters()) * 0.0
-            return zero, {"loss": 0.0, "accuracy": 0.0}
+            return self._no_loss()
         loss = (total[has_labels] / weight_sum[has_labels]).mean()
         return loss, {"loss": float(loss.detach()), "accuracy": accuracy}
+
+    def _no_loss(self) -> tuple[torch.Tensor, dict[str, float]]:
+        """A zero loss still connected to every parameter (DDP ranks all-reduce the same gradients)."""
+        return sum(p.sum() for p in self.draft.parameters()) * 0.0, {"loss": 0.0, "accuracy": 0.0}
 
     def proposer_options(self, folder: str | Path) -> dict[str, Any]:
         # the draft's own acceptance: its chain, without the tree it is served with

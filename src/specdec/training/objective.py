@@ -67,6 +67,7 @@ class TrainingObjective:
         return {"draft": str(folder)}
 
 
+
 def rope_theta_of(config: Any) -> float:
     """A transformers config's RoPE base, wherever this transformers version keeps it (a draft copies it)."""
     theta = getattr(config, "rope_theta", None)
@@ -74,3 +75,22 @@ def rope_theta_of(config: Any) -> float:
         params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
         theta = params.get("rope_theta", 10000.0)
     return float(theta)
+
+
+def target_shaped_fields(target: TargetModel, intermediate_size: int | None = None) -> dict[str, Any]:
+    """A new draft's layer shape copied from the target's config: width, heads, head size, MLP size (unless
+    given), norm epsilon, RoPE base, context length, vocabulary."""
+    tc = target.config
+    heads = int(tc.num_attention_heads)
+    return {
+        "hidden_size": target.hidden_size,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(tc, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(tc, "head_dim", None) or target.hidden_size // heads),
+        "intermediate_size": intermediate_size or int(tc.intermediate_size),
+        "rms_norm_eps": float(getattr(tc, "rms_norm_eps", 1e-6)),
+        "rope_theta": rope_theta_of(tc),
+        "max_position_embeddings": int(getattr(tc, "max_position_embeddings", 32768)),
+        "vocab_size": target.vocab_size,
+        "num_target_layers": target.num_layers,
+    }
