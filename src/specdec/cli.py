@@ -2,38 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from typing import Any
 
 import click
 
-from .errors import SpecdecError
-
-
-def user_errors(func):
-    """Turn SpecdecError into `error: ...` on stderr and exit code 2."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except SpecdecError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
-
-    return wrapper
-
-
-def parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
-    options: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise SpecdecError(f"--opt {pair!r} is not of the form key=value; write e.g. --opt num_tokens=8.")
-        options[key.strip()] = value
-    return options
+from .cli_support import parse_options, user_errors
 
 
 @click.group()
@@ -144,7 +119,11 @@ def register_command(command: click.Command) -> None:
 def _load_subcommands() -> None:
     import importlib
 
-    for module in ("specdec.bench_cli", "specdec.training.cli"):
+    from .bench.cli import bench, check
+
+    main.add_command(bench)
+    main.add_command(check)
+    for module in ("specdec.training.cli",):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

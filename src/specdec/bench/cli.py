@@ -1,4 +1,5 @@
-"""`specdec bench` and `specdec check` (loaded by specdec.cli._load_subcommands)."""
+"""`specdec bench` and `specdec check`: plain click commands, which specdec.cli._load_subcommands adds to the
+`specdec` group."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 
 import click
 
-from .check import DEFAULT_EPSILON
-from .cli import parse_options, register_command, user_errors
-from .errors import PluginError
+from ..check import DEFAULT_EPSILON
+from ..cli_support import parse_options, user_errors
+from ..errors import PluginError
 
 DTYPE_CHOICES = click.Choice(["auto", "float32", "bfloat16", "float16"])
 MODEL_HELP = "Target model folder, .gguf or hub id (default: the embedded SmolLM2-135M-Instruct)."
@@ -62,7 +63,9 @@ def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None
 
     Writes results.json, results.md and PNG plots to --out. Ctrl-C writes what has finished.
     """
-    from .bench import plan_bench, run_bench, write_results
+    from .measure import run_bench
+    from .plan import plan_bench
+    from .report import write_results
 
     if proposers is None:
         proposers = ",".join(_default_proposers(model))
@@ -90,8 +93,8 @@ def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None
 
 
 def _default_proposers(model: str | None) -> list[str]:
-    from .api import DEFAULT_PROPOSER_ORDER
-    from .plugins import get_registry
+    from ..api import DEFAULT_PROPOSER_ORDER
+    from ..plugins import get_registry
 
     registry = get_registry()
     names = ["autoregressive", "ngram"]
@@ -126,9 +129,9 @@ def check(proposer: str, opts: tuple[str, ...], model: str | None, draft: str | 
 
     Exit 0 when every prompt matches (in bf16/fp16: or diverges only at a certified near-tie), 1 otherwise.
     """
-    from .api import SpeculativeDecoder, build_proposer_config
-    from .check import check_lossless, read_prompts_jsonl
-    from .errors import SpecdecError
+    from ..api import SpeculativeDecoder, build_proposer_config
+    from ..check import check_lossless, read_prompts_jsonl
+    from ..errors import SpecdecError
 
     options: dict[str, Any] = parse_options(opts)
     if draft is not None:
@@ -164,6 +167,3 @@ def check(proposer: str, opts: tuple[str, ...], model: str | None, draft: str | 
         sys.exit(1)
     click.echo(f"{summary}.", err=True)
 
-
-register_command(bench)
-register_command(check)

@@ -1,0 +1,183 @@
+"""The runs of `specdec bench`: runner lists and options parsed from the command line, validated into a
+`BenchPlan` before any model loads."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..check import DEFAULT_EPSILON, Prompt
+from ..contracts import ProposerConfig
+from ..errors import SpecdecError
+from .datasets import load_dataset
+
+REFERENCE = "autoregressive"
+HF_GREEDY = "hf-greedy"
+HF_PLD = "hf-pld"
+BASELINES = {
+    "hf-greedy": "transformers generate(do_sample=False)",
+    "hf-pld": "transformers generate with prompt_lookup_num_tokens=10",
+    "hf-assisted": "transformers generate with assistant_model (needs --draft-model)",
+}
+
+
+def split_names(text: str | None) -> list[str]:
+    names: list[str] = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if part and part not in names:
+            names.append(part)
+    return names
+
+
+def proposer_of(runner: str) -> str:
+    """A runner is a registered proposer name, or NAME:LABEL for another configuration of that proposer."""
+    return runner.partition(":")[0]
+
+
+def parse_proposers(text: str | None) -> list[str]:
+    """Runner names (proposers, or NAME:LABEL variants), `autoregressive` first (it always runs: it is the
+    reference)."""
+    from ..plugins import get_registry
+
+    known = get_registry().proposers
+    names = split_names(text)
+    if not names:
+        raise SpecdecError("--proposers is empty; give a comma-separated list such as autoregressive,ngram.")
+    for runner in names:
+        name, colon, label = runner.partition(":")
+        if colon and not label:
+            raise SpecdecError(f"Runner {runner!r} in --proposers has an empty label; write NAME:LABEL, e.g. "
+                               "dflash:lookup, and set its options with --opt dflash:lookup.key=value.")
+        if name not in known:
+            hint = f" ({name} is a baseline: pass it with --baselines)" if name in BASELINES else ""
+            raise SpecdecError(f"Unknown proposer {name!r} in --proposers{hint}; choose from: "
+                               f"{', '.join(sorted(known))}.")
+    return [REFERENCE] + [n for n in names if n != REFERENCE]
+
+
+def parse_baselines(text: str | None, draft_model: str | None) -> list[str]:
+    names = [n for n in split_names(text) if n.lower() != "none"]
+    for name in names:
+        if name not in BASELINES:
+            raise SpecdecError(f"Unknown baseline {name!r} in --baselines; choose from: "
+                               f"{', '.join(BASELINES)} (or none).")
+    if "hf-assisted" in names and not draft_model:
+        raise SpecdecError("The hf-assisted baseline needs a small causal LM as assistant; pass "
+                           "--draft-model PATH.")
+    return names
+
+
+def parse_proposer_options(pairs: Iterable[str], proposers: Sequence[str],
+                           draft: str | None = None) -> dict[str, ProposerConfig]:
+    """`--opt NAME.key=value` pairs (and --draft for each proposer with a `draft` option) -> configs."""
+    from ..api import build_proposer_config
+    from ..plugins import get_proposer_class
+
+    raw: dict[str, dict[str, Any]] = {name: {} for name in proposers}
+    for name in proposers:
+        if draft is not None and "draft" in get_proposer_class(proposer_of(name)).Config.model_fields:
+            raw[name]["draft"] = draft
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        name, dot, option = key.strip().partition(".")
+        if not sep or not dot or not name or not option:
+            raise SpecdecError(f"--opt {pair!r} is not of the form PROPOSER.key=value; write e.g. "
+                               "--opt ngram.num_tokens=8.")
+        if name not in raw:
+            raise SpecdecError(f"--opt {pair!r} names proposer {name!r}, which is not in --proposers "
+                               f"({', '.join(proposers)}).")
+        raw[name][option] = value
+    return {name: build_proposer_config(proposer_of(name), options) for name, options in raw.items()}
+
+
+def parse_caches(pairs: Iterable[str], runners: Sequence[str]) -> dict[str, str]:
+    """`--cache RUNNER=NAME` pairs -> {runner: cache}; runners not named use "auto"."""
+    from ..plugins import get_registry
+
+    known = ["auto", *sorted(get_registry().caches)]
+    caches: dict[str, str] = {}
+    for pair in pairs:
+        runner, sep, name = (part.strip() for part in pair.partition("="))
+        if not sep or not runner or not name:
+            raise SpecdecError(f"--cache {pair!r} is not of the form RUNNER=CACHE; write e.g. "
+                               "--cache autoregressive:hf=dynamic.")
+        if runner not in runners:
+            raise SpecdecError(f"--cache {pair!r} names runner {runner!r}, which is not in --proposers "
+                               f"({', '.join(runners)}).")
+        if name not in known:
+            raise SpecdecError(f"--cache {pair!r}: unknown cache {name!r}; choose one of {', '.join(known)}.")
+        caches[runner] = name
+    return caches
+
+
+@dataclass
+class BenchPlan:
+    """Everything `specdec bench` needs, validated; nothing loaded yet."""
+
+    dataset: str
+    dataset_path: Path
+    prompts: list[Prompt]
+    proposers: dict[str, ProposerConfig]
+    baselines: list[str] = field(default_factory=lambda: [HF_GREEDY])
+    limit: int | None = None
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    dtype: str = "auto"
+    device: str | None = None
+    model: str | None = None
+    draft: str | None = None
+    draft_model: str | None = None
+    epsilon: float = DEFAULT_EPSILON
+    out: Path = Path("specdec-bench")
+    caches: dict[str, str] = field(default_factory=dict)  # runner -> KV cache; "auto" when absent
+    command: str = ""
+
+    @property
+    def runner_names(self) -> list[str]:
+        return list(self.proposers) + list(self.baselines)
+
+
+def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_GREEDY,
+               limit: int | None = None, max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0,
+               dtype: str = "auto", device: str | None = None, model: str | None = None,
+               draft: str | None = None, draft_model: str | None = None, data_dir: str | None = None,
+               out: str | os.PathLike | None = None, options: Iterable[str] = (),
+               epsilon: float = DEFAULT_EPSILON, command: str = "", caches: Iterable[str] = ()) -> BenchPlan:
+    """Validate every argument (before any model loads); SpecdecError with one sentence on bad input."""
+    from ..loading import DTYPES
+
+    if limit is not None and limit < 1:
+        raise SpecdecError(f"--limit must be at least 1, got {limit}; leave it out to run every prompt.")
+    if max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    if temperature < 0:
+        raise SpecdecError(f"--temperature must be 0 (greedy) or positive, got {temperature}.")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise SpecdecError(f"Unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}.")
+    if not epsilon > 0:
+        raise SpecdecError(f"--epsilon must be positive, got {epsilon}.")
+    looks_local = draft_model and (os.sep in draft_model or draft_model.startswith("."))
+    if looks_local and not os.path.isdir(draft_model):
+        raise SpecdecError(f"--draft-model folder {draft_model} does not exist; check the path.")
+    names = parse_proposers(proposers)
+    runner_baselines = parse_baselines(baselines, draft_model)
+    configs = parse_proposer_options(options, names, draft)
+    runner_caches = parse_caches(caches, names)
+    path, prompts = load_dataset(dataset, data_dir, limit)
+    if out is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = Path("specdec-bench") / f"{path.stem}-{stamp}"
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"--out {out} is a file; give a folder for results.json, results.md and the "
+                           "plots.")
+    return BenchPlan(dataset=dataset, dataset_path=path, prompts=prompts, proposers=configs,
+                     baselines=runner_baselines, limit=limit, max_new_tokens=max_new_tokens,
+                     temperature=temperature, seed=seed, dtype=dtype, device=device, model=model, draft=draft,
+                     draft_model=draft_model, epsilon=epsilon, out=out, command=command, caches=runner_caches)

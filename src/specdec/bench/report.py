@@ -1,0 +1,90 @@
+"""The written results of `specdec bench`: results.md rendered from results.json's dict, and
+results.json, results.md and the plots written to the output folder."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .plots import write_plots
+
+
+def _fmt_speedup(s: Mapping[str, float] | None) -> str:
+    return "n/a" if not s else f"{s['median']:.2f}x [{s['q25']:.2f}-{s['q75']:.2f}]"
+
+
+def render_markdown(results: Mapping[str, Any]) -> str:
+    meta, runners = results["meta"], results["proposers"]
+    ds = meta["dataset"]
+    lines = [
+        f"# specdec bench: {ds['name']} ({ds['num_prompts']} prompts, {ds['num_turns']} turns)",
+        "",
+        f"`{meta['command']}`" if meta["command"] else "",
+        "",
+        f"model {meta['model']}, {meta['dtype']} on {meta['accelerator']}; "
+        f"max_new_tokens {meta['max_new_tokens']}, temperature {meta['temperature']}; "
+        f"torch {meta['versions']['torch']}, transformers {meta['versions']['transformers']}; "
+        f"{meta['timestamp']}"
+        + ("; **interrupted: partial results**" if meta["interrupted"] else ""),
+        "",
+    ]
+    if meta.get("caches"):  # which forward each specdec runner used (native: specdec's own, dynamic: transformers')
+        lines += ["KV cache: " + ", ".join(f"{name} {cache}" for name, cache in meta["caches"].items()), ""]
+    # the hf-pld column only when that baseline ran (results written before it existed lack the key)
+    with_pld = any(r["speedup"].get("vs_hf_pld") for r in runners.values())
+    lines += [
+        "| runner | mean acceptance length | tokens/s (median) | speedup vs autoregressive "
+        "| speedup vs hf-greedy |" + (" speedup vs hf-pld |" if with_pld else "") + " exact match | peak RSS (MiB) |",
+        "| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if with_pld else "") + " ---: | ---: |",
+    ]
+    for name, r in runners.items():
+        tau = "n/a" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
+        if r["exact_match_rate"] is None:
+            match = "n/a"
+        else:
+            match = f"{100 * r['exact_match_rate']:.0f}%"
+            labels = {"near_tie": ("near-tie", "near-ties"), "mismatch": ("mismatch", "mismatches")}
+            extra = [f"{n} {labels[k][n != 1]}" for k, n in r["matches"].items() if k in labels and n]
+            match += f" ({', '.join(extra)})" if extra else ""
+        speedup = r["speedup"]
+        lines.append(f"| {name} | {tau} | {r['tokens_per_second']['median']:.1f} | "
+                     f"{_fmt_speedup(speedup['vs_autoregressive'])} | "
+                     f"{_fmt_speedup(speedup['vs_hf_greedy'])} | "
+                     + (f"{_fmt_speedup(speedup.get('vs_hf_pld'))} | " if with_pld else "")
+                     + f"{match} | {r['peak_rss_mb']:.0f} |")
+    lines += ["", "Speedup: median of paired per-prompt tokens/s ratios, interquartile range in brackets. "
+              "Mean acceptance length counts the bonus token (plain decoding = 1.00). A near-tie is a "
+              f"bf16/fp16 divergence whose float32 logit gap is below epsilon = {meta['epsilon']}.", ""]
+    with_positions = {n: r["acceptance_rate_per_position"] for n, r in runners.items()
+                      if r["acceptance_rate_per_position"]}
+    if with_positions:
+        width = max(len(v) for v in with_positions.values())
+        lines += ["## Acceptance rate per draft position", "",
+                  "| runner | " + " | ".join(str(j + 1) for j in range(width)) + " |",
+                  "| --- |" + " ---: |" * width]
+        for name, rates in with_positions.items():
+            cells = [f"{rates[j]:.2f}" if j < len(rates) else "" for j in range(width)]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    split = {n: r["time_split_seconds"] for n, r in runners.items() if r["time_split_seconds"]}
+    if split:
+        lines += ["## Time split (seconds, summed over prompts)", "",
+                  "| runner | prefill | propose | verify | other | total |", "| --- |" + " ---: |" * 5]
+        for name, s in split.items():
+            lines.append(f"| {name} | {s['prefill']:.3f} | {s['propose']:.3f} | {s['verify']:.3f} | "
+                         f"{s['other']:.3f} | {runners[name]['seconds']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_results(results: Mapping[str, Any], out: str | os.PathLike) -> list[Path]:
+    """results.json, results.md and the plots in `out` (created); returns the paths written."""
+    import json
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
+    return [out / "results.json", out / "results.md"] + write_plots(results, out)
