@@ -12,15 +12,15 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict, tree
+from specdec import DecodeState, Draft, tree
 from specdec.errors import SpecdecError
+from specdec.hidden_state import HiddenStateProposer, holds_draft
 from specdec.lookup import NgramIndex
 from specdec.prepacked import route_through_packed
 from specdec.sampling import logits_to_probs
-from specdec.target import TargetModel
 
 from .checkpoint import check_against_target, load_draft, read_config
-from .model import DraftCache
+from .model import DFlashConfig, DraftCache
 from .vocab import head_rows_linear, load_vocab
 
 #: runner-up tokens per slot a tree may branch to (`tree_size`); more rarely pays: their estimates fall fast
@@ -40,7 +40,7 @@ SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
 
 
 def shipped_draft_available() -> bool:
-    return (SHIPPED_DRAFT / "config.json").is_file() and any(SHIPPED_DRAFT.glob("*.safetensors"))
+    return holds_draft(SHIPPED_DRAFT)
 
 
 def best_first_paths(values: list[list[float]], ids: list[list[int]], size: int) -> list[list[int]]:
@@ -61,11 +61,14 @@ def best_first_paths(values: list[list[float]], ids: list[list[int]], size: int)
     return paths
 
 
-class DFlashProposer(Proposer):
+class DFlashProposer(HiddenStateProposer):
     name = "dflash"
     description = "DFlash block diffusion: a whole block drafted in one pass, conditioned on target hidden states"
+    default_priority = 100  # the shipped draft, where it fits the target, beats every other default
+    shipped_draft = SHIPPED_DRAFT
+    check_against_target = staticmethod(check_against_target)
 
-    class Config(ProposerConfig):
+    class Config(HiddenStateProposer.Config):
         draft: str | None = Field(None, description="DFlash checkpoint folder (default: the shipped SmolLM2 draft)")
         block_size: int | None = Field(None, ge=2, description="block size, at most the trained one")
         drafting: Literal["sample", "greedy"] = Field(
@@ -93,27 +96,17 @@ class DFlashProposer(Proposer):
     def default_for(cls, model: str | None) -> bool:
         return model is None and shipped_draft_available()
 
-    def __init__(self, config: Config, target: TargetModel) -> None:
-        super().__init__(config, target)
-        if config.draft is None and not shipped_draft_available():
-            raise SpecdecError("Proposer 'dflash' needs a draft checkpoint; pass --draft PATH (or --opt draft=PATH).")
-        folder = Path(config.draft) if config.draft is not None else SHIPPED_DRAFT
-        draft_config = read_config(folder)
-        try:
-            check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size,
-                                 str(folder))
-        except SpecdecError:
-            if config.draft is not None:
-                raise
-            raise SpecdecError("Proposer 'dflash' needs a draft checkpoint for this target (the shipped draft is "
-                               "for the embedded SmolLM2-135M-Instruct); pass --draft PATH.") from None
+    def read_draft_config(self, folder: Path) -> DFlashConfig:
+        return read_config(folder)
+
+    def load(self, folder: Path, draft_config: DFlashConfig) -> None:
+        config, target = self.config, self.target
         block_size = config.block_size or draft_config.block_size
         if block_size > draft_config.block_size:
             raise SpecdecError(f"block_size {block_size} is larger than the {draft_config.block_size} the draft "
                                f"{folder} was trained with; use --opt block_size={draft_config.block_size} or less.")
         self.model = load_draft(folder, dtype=target.dtype, device=target.device)
         self.block_size = block_size
-        self.layer_ids = list(draft_config.target_layer_ids)
         vocab_ids = load_vocab(folder, target.vocab_size) if config.vocab == "draft" else None
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
         self.head: nn.Linear | None = None  # the draft vocabulary's rows of the target's LM head
@@ -121,29 +114,13 @@ class DFlashProposer(Proposer):
             self.head = head_rows_linear(target.lm_head, self.vocab_ids)
         # the draft's few-row products, laid out once for oneDNN on a bf16 CPU (specdec.prepacked)
         self.prepacked = route_through_packed([self.model] + ([self.head] if self.head is not None else []))
-        target.request_taps(self.layer_ids)
-        self.reset()
+
+    def new_cache(self) -> DraftCache:
+        return DraftCache(self.model.config.num_hidden_layers)
 
     def reset(self) -> None:
-        self.cache = DraftCache(self.model.config.num_hidden_layers)
-        self._pending: torch.Tensor | None = None  # tapped target states not yet in the draft cache
-        self._pending_start = 0  # position of the first pending state
+        super().reset()
         self._lookup_index = NgramIndex(max(self.config.lookup, 1), max(self.config.lookup, 3))
-
-    def prefill(self, state: DecodeState, target_output: TargetOutput) -> None:
-        self._pending = target_output.tapped(self.layer_ids)  # every prompt position
-        self._pending_start = 0
-
-    def observe(self, state: DecodeState, verdict: Verdict, target_output: TargetOutput) -> None:
-        # The verification forward saw [last committed, draft...]; the first n+1 are committed now, so their
-        # hidden states become context, and no extra target pass is needed.
-        accepted = int(verdict.num_accepted[0]) + 1
-        start = state.length - accepted - 1
-        new = target_output.tapped(self.layer_ids)[:, :accepted]
-        if self._pending is None:
-            self._pending, self._pending_start = new, start
-        else:
-            self._pending = torch.cat([self._pending, new], dim=1)
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Draft:
@@ -168,12 +145,9 @@ class DFlashProposer(Proposer):
                            device=device)
         block[:, 0] = state.tokens[:, -1]
         block_positions = torch.arange(length - 1, length - 1 + self.block_size, device=device).unsqueeze(0)
-        pending = self._pending
-        assert pending is not None and self._pending_start + pending.shape[1] == length - 1, "context out of sync"
-        context_positions = torch.arange(self._pending_start, length - 1, device=device).unsqueeze(0)
-        hidden = self.model(self.target.embed_tokens(block), pending, context_positions, block_positions,
+        context = self.take_pending(state)
+        hidden = self.model(self.target.embed_tokens(block), context.states, context.positions, block_positions,
                             cache=self.cache)
-        self._pending = None
         # the head scores every block position and the logits are sliced after: a bf16 matmul on the slice
         # hidden[:, 1:] (offset storage) took ~8x longer on CPU than on the whole, freshly allocated output
         if self.vocab_ids is None:

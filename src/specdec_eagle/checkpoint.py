@@ -6,76 +6,58 @@ Never pickle, never remote code. The embeddings are the target's; a checkpoint t
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
-from pydantic import ValidationError
-from safetensors.torch import save_file
 
 from specdec.errors import SpecdecError
+from specdec.hidden_state import (
+    check_taps_fit,
+    check_vocabulary_fits,
+    parse_config,
+    read_config_json,
+    write_checkpoint,
+)
 from specdec.weights import check_tensors, read_safetensors
 
 from .model import Eagle3Config, Eagle3DraftModel
 
+#: how messages name the checkpoint
+KIND = "EAGLE-3 draft"
+
+#: tensors some checkpoints carry but an EAGLE-3 draft takes from the target instead
 TARGET_OWNED = ("embed_tokens.weight", "model.embed_tokens.weight")
 
 
 def read_config(path: str | os.PathLike) -> Eagle3Config:
     folder = Path(path)
-    config_file = folder / "config.json"
-    if not folder.is_dir():
-        raise SpecdecError(f"EAGLE-3 draft folder {folder} does not exist; pass --draft PATH to a checkpoint folder.")
-    if not config_file.is_file():
-        raise SpecdecError(f"{folder} has no config.json; an EAGLE-3 draft folder holds config.json and safetensors.")
-    try:
-        raw = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise SpecdecError(f"{config_file} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    raw = read_config_json(folder, KIND)
     if "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or []):
         raise SpecdecError(f"{folder} holds a DFlash draft, not an EAGLE-3 one; use --proposer dflash.")
     layers = raw.get("num_hidden_layers", 1)
     if layers != 1:
-        raise SpecdecError(f"{config_file} describes {layers} draft layers; an EAGLE-3 draft has exactly one "
-                           "(is this a DFlash draft? use --proposer dflash).")
-    try:
-        return Eagle3Config.from_checkpoint_json(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "config"
-        raise SpecdecError(f"{config_file}: {key}: {err['msg']}; fix the draft's config.json.") from None
-    except ValueError as exc:  # a setting this draft does not implement
-        raise SpecdecError(f"{config_file}: {exc}; use a draft without it.") from None
+        raise SpecdecError(f"{folder / 'config.json'} describes {layers} draft layers; an EAGLE-3 draft has exactly "
+                           "one (is this a DFlash draft? use --proposer dflash).")
+    return parse_config(folder / "config.json", raw, Eagle3Config.from_checkpoint_json)
 
 
 def check_against_target(config: Eagle3Config, target_hidden: int, target_layers: int, vocab_size: int,
                          where: str) -> None:
     """Every way a draft can fail to fit its target, each as one sentence, before any work starts."""
-    if config.hidden_size != target_hidden:
-        raise SpecdecError(f"The EAGLE-3 draft {where} has hidden size {config.hidden_size} but the target has "
-                           f"{target_hidden}; use a draft trained for this target.")
-    bad = [i for i in config.target_layer_ids if not 0 <= i < target_layers]
-    if bad:
-        raise SpecdecError(f"The EAGLE-3 draft {where} taps target layers {bad} but the target has only "
-                           f"{target_layers} layers (ids 0..{target_layers - 1}); use a draft trained for this target.")
-    if config.num_target_layers != target_layers:
-        raise SpecdecError(f"The EAGLE-3 draft {where} was trained for a target with {config.num_target_layers} "
-                           f"layers but this target has {target_layers}; use a draft trained for this target.")
-    if config.vocab_size != vocab_size:
-        raise SpecdecError(f"The EAGLE-3 draft {where} was trained for a vocabulary of {config.vocab_size} tokens "
-                           f"but the target has {vocab_size}; use a draft trained for this target.")
+    check_taps_fit(KIND, config, target_hidden, target_layers, where)
+    check_vocabulary_fits(KIND, config.vocab_size, vocab_size, where)
 
 
 def load_weights(model: Eagle3DraftModel, folder: Path) -> None:
-    tensors = read_safetensors(folder, "EAGLE-3 draft")
+    tensors = read_safetensors(folder, KIND)
     tensors = {k.removeprefix("model."): v for k, v in tensors.items() if k not in TARGET_OWNED}
     config = model.config
     if "d2t" not in tensors and config.draft_vocab_size == config.vocab_size:
         tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)  # the identity map
     tensors.pop("t2d", None)  # derived from d2t below (vLLM does not read it either)
     expected = {k: v for k, v in model.state_dict().items() if k != "t2d"}
-    check_tensors(expected, tensors, folder, "EAGLE-3 draft")
+    check_tensors(expected, tensors, folder, KIND)
     target_ids = torch.arange(config.draft_vocab_size) + tensors["d2t"].long()
     if target_ids.min() < 0 or target_ids.max() >= config.vocab_size or target_ids.unique().numel() != len(target_ids):
         raise SpecdecError(f"The d2t table in {folder} maps draft tokens to ids that are repeated or outside the "
@@ -108,14 +90,7 @@ def load_draft(path: str | os.PathLike, dtype: torch.dtype = torch.float32, devi
 
 def save_draft(model: Eagle3DraftModel, path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write config.json + model.safetensors (float weights in `dtype`; d2t int64, t2d bool)."""
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    config = model.config.to_checkpoint_json()
-    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    config = model.config.to_checkpoint_json() | {"torch_dtype": str(dtype).removeprefix("torch.")}
     tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous().cpu()
                for k, v in model.state_dict().items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return folder
+    return write_checkpoint(Path(path), config, tensors)

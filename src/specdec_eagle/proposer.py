@@ -9,28 +9,29 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from specdec import DecodeState, Draft, Proposer, ProposerConfig, TargetOutput, Verdict, tree
-from specdec.errors import SpecdecError
+from specdec import DecodeState, Draft, tree
+from specdec.hidden_state import HiddenStateProposer, holds_draft
 from specdec.prepacked import route_through_packed
 from specdec.sampling import logits_to_probs
-from specdec.target import TargetModel
 
 from .checkpoint import check_against_target, load_draft, read_config_for
-from .model import Eagle3Cache
+from .model import Eagle3Cache, Eagle3Config
 
 #: the EAGLE-3 draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
 
 
 def shipped_draft_available() -> bool:
-    return (SHIPPED_DRAFT / "config.json").is_file() and any(SHIPPED_DRAFT.glob("*.safetensors"))
+    return holds_draft(SHIPPED_DRAFT)
 
 
-class Eagle3Proposer(Proposer):
+class Eagle3Proposer(HiddenStateProposer):
     name = "eagle3"
     description = "EAGLE-3: a one-layer draft fed three target layers' hidden states drafts token by token"
+    shipped_draft = SHIPPED_DRAFT
+    check_against_target = staticmethod(check_against_target)
 
-    class Config(ProposerConfig):
+    class Config(HiddenStateProposer.Config):
         draft: str | None = Field(None, description="EAGLE-3 checkpoint folder (default: the shipped SmolLM2 "
                                   "draft, when this package ships one)")
         num_tokens: int = Field(6, ge=1, description="draft forwards per step: the chain's length, the tree's depth")
@@ -42,56 +43,26 @@ class Eagle3Proposer(Proposer):
             "pass it to the verifier (sample), or draft argmax tokens as point masses, a tree when tree_size > 0 "
             "(greedy)")
 
-    def __init__(self, config: Config, target: TargetModel) -> None:
-        super().__init__(config, target)
-        if config.draft is None and not shipped_draft_available():
-            raise SpecdecError("Proposer 'eagle3' needs a draft checkpoint; pass --draft PATH (or --opt draft=PATH).")
-        folder = Path(config.draft) if config.draft is not None else SHIPPED_DRAFT
-        draft_config = read_config_for(folder, target.num_layers)
-        try:
-            check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, str(folder))
-        except SpecdecError:
-            if config.draft is not None:
-                raise
-            raise SpecdecError("Proposer 'eagle3' needs a draft checkpoint for this target (the shipped draft is "
-                               "for the embedded SmolLM2-135M-Instruct); pass --draft PATH.") from None
+    def read_draft_config(self, folder: Path) -> Eagle3Config:
+        return read_config_for(folder, self.target.num_layers)  # taps the checkpoint leaves out: the target's
+
+    def load(self, folder: Path, draft_config: Eagle3Config) -> None:
+        target = self.target
         self.model = load_draft(folder, dtype=target.dtype, device=target.device, num_target_layers=target.num_layers)
-        self.layer_ids = list(draft_config.target_layer_ids)
         self.vocab_ids = self.model.target_ids(torch.arange(draft_config.draft_vocab_size, device=target.device))
         self.prepacked = route_through_packed([self.model])  # few-row products, laid out once (bf16 CPU)
-        target.request_taps(self.layer_ids)
-        self.reset()
 
-    def reset(self) -> None:
-        self.cache = Eagle3Cache()
-        self._pending: torch.Tensor | None = None  # tapped target states not yet read by the draft
-        self._pending_start = 0  # position of the first of them
-
-    def prefill(self, state: DecodeState, target_output: TargetOutput) -> None:
-        self._pending = target_output.tapped(self.layer_ids)
-        self._pending_start = 0
-
-    def observe(self, state: DecodeState, verdict: Verdict, target_output: TargetOutput) -> None:
-        # the verification forward read [last committed, draft...]; the first accepted + 1 are committed,
-        # and their hidden states are the features of those positions
-        accepted = int(verdict.num_accepted[0]) + 1
-        new = target_output.tapped(self.layer_ids)[:, :accepted]
-        if self._pending is None:
-            self._pending, self._pending_start = new, state.length - accepted - 1
-        else:
-            self._pending = torch.cat([self._pending, new], dim=1)
+    def new_cache(self) -> Eagle3Cache:
+        return Eagle3Cache()
 
     def _read_context(self, state: DecodeState) -> torch.Tensor:
         """Feed the pending target features (positions p..T-2, each with token p+1..T-1) into the draft's
         cache; returns the draft's output at position T-2, the feature of its first guess [B, 1, H]."""
-        length, pending = state.length, self._pending
-        assert pending is not None and self._pending_start + pending.shape[1] == length - 1, "context out of sync"
-        assert self.cache.length() == self._pending_start, "draft cache out of sync"
-        tokens = state.tokens[:, self._pending_start + 1:]
-        positions = torch.arange(self._pending_start, length - 1, device=tokens.device).unsqueeze(0)
-        out = self.model(self.target.embed_tokens(tokens), self.model.fuse(pending),
-                         positions.expand(tokens.shape[0], -1), self.cache)
-        self._pending, self._pending_start = None, length - 1
+        context = self.take_pending(state)
+        assert self.cache.length() == context.start, "draft cache out of sync"
+        tokens = state.tokens[:, context.start + 1:]
+        out = self.model(self.target.embed_tokens(tokens), self.model.fuse(context.states),
+                         context.positions.expand(tokens.shape[0], -1), self.cache)
         return out[:, -1:]
 
     @torch.inference_mode()
