@@ -119,3 +119,11 @@ def tiny_setup(tmp_path_factory):
         sequences.append((prompt + response, [0] * 3 + [1] * len(response)))
     data_dir = write_data(root / "data", tokenizer, sequences)
     return root, model_dir, data_dir
+
+
+def install_fake_dist(root, dist, module, source, entry_name):
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"  # the wheel spelling: '-' only before the version
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[specdec]\n{entry_name} = {module}\n")

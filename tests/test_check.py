@@ -185,4 +185,4 @@ def test_read_prompts_jsonl_prefers_dflash_wording(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"id": "a", "turns": ["plain"], "turns_dflash": ["paper wording"]}) + "\n")
     assert read_prompts_jsonl(path)[0].turns == ["paper wording"]
-    assert read_prompts_jsonl(path, prefer_dflash=False)[0].turns == ["plain"]
+    assert read_prompts_jsonl(path, paper_turns=False)[0].turns == ["plain"]

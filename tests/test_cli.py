@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 from click.testing import CliRunner
-from conftest import plain_greedy, save_tiny_model, tiny_model
+from conftest import install_fake_dist, plain_greedy, save_tiny_model, tiny_model
 
 from specdec.cli import main
 from specdec.plugins import get_registry
@@ -175,14 +175,6 @@ PLUGIN = textwrap.dedent('''
         for cls in (Echo, WrongShape, OutOfRange, TooMany):
             register(cls)
 ''')
-
-
-def install_fake_dist(root, dist, module, source, entry_name):
-    (root / f"{module}.py").write_text(source)
-    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"  # the wheel spelling: '-' only before the version
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[specdec]\n{entry_name} = {module}\n")
 
 
 @pytest.fixture

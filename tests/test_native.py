@@ -80,7 +80,7 @@ def test_the_cache_grows_past_its_first_capacity_and_batches_rows():
     for _ in range(3):  # 250 + 3 x 5 crosses the first 256-position buffer
         feed = torch.randint(0, 128, (2, 5))
         assert_same(native.forward(feed), reference.forward(feed))
-    assert native._cache.keys.shape[3] == 512
+    assert native.backend.cache.keys.shape[3] == 512
 
 
 def test_taps_only_forward_matches_transformers():

@@ -133,7 +133,7 @@ def test_what_packing_does_not_apply_to_is_named(monkeypatch):
 def test_a_bfloat16_target_runs_packed_and_fine_tuning_in_place_is_picked_up_at_the_next_generation():
     model = tiny_model("llama", dtype=torch.bfloat16, hidden=128)  # 32-wide products differ: the probe says no
     native, reference = TargetModel(model, cache="native"), TargetModel(model, cache="dynamic")
-    assert native._native.prepacked.enabled, native._native.prepacked.reason
+    assert native.backend.forward_pass.prepacked.enabled, native.backend.forward_pass.prepacked.reason
     prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(1))
     for target in (native, reference):
         target.reset()
@@ -156,7 +156,7 @@ def test_a_bfloat16_target_runs_packed_and_fine_tuning_in_place_is_picked_up_at_
 def test_a_packed_target_matches_transformers_bit_for_bit(kind, prompt_length, steps, seed):
     model = tiny_model(kind, dtype=torch.bfloat16, hidden=128, seed=seed % 3)
     native, reference = TargetModel(model, cache="native"), TargetModel(model, cache="dynamic")
-    assert native._native.prepacked.enabled, native._native.prepacked.reason
+    assert native.backend.forward_pass.prepacked.enabled, native.backend.forward_pass.prepacked.reason
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, 128, (1, prompt_length), generator=gen)
     for target in (native, reference):

@@ -10,15 +10,15 @@ import torch
 from pydantic import ValidationError
 
 from . import loading
-from .contracts import Proposer, ProposerConfig
+from .contracts import KVCache, Proposer, ProposerConfig, Verifier
 from .engine import Engine, GenerationStats
 from .errors import SpecdecError
 from .plugins import get_cache_class, get_proposer_class, get_registry, get_verifier_class
 from .sampling import SamplingParams
 from .target import TargetModel
 
-#: proposers tried, in order, when none is named; the first whose `default_for(model)` is true is used
-DEFAULT_PROPOSER_ORDER = ("dflash", "ngram")
+#: the verifiers used when none is named: greedy decoding, and sampling (temperature > 0)
+DEFAULT_VERIFIERS = ("greedy", "rejection")
 
 
 @dataclass
@@ -33,13 +33,31 @@ class GenerationOutput:
                 "stop_reason": self.stop_reason}
 
 
+def default_candidates(model: str | None) -> list[str]:
+    """Proposers that need no options for `model` (None: the embedded default), highest `default_priority`
+    first (ties by name)."""
+    proposers = get_registry().proposers
+    ready = [name for name, cls in proposers.items() if cls.default_for(model)]
+    return sorted(ready, key=lambda name: (-proposers[name].default_priority, name))
+
+
 def default_proposer(model: str | None) -> str:
-    registry = get_registry()
-    for name in DEFAULT_PROPOSER_ORDER:
-        cls = registry.proposers.get(name)
-        if cls is not None and cls.default_for(model):
-            return name
-    return "ngram"
+    """The proposer used when none is named: the first of `default_candidates`, else plain decoding."""
+    return next(iter(default_candidates(model)), "autoregressive")
+
+
+def check_verifier(name: str, sampling: SamplingParams | None = None) -> type[Verifier]:
+    """The named verifier's class, if it is exact for this kind of decoding; one sentence otherwise."""
+    cls = get_verifier_class(name)
+    problem = None if sampling is None else cls.inexact_for(sampling.greedy)
+    if problem is not None:
+        raise SpecdecError(problem)
+    return cls
+
+
+def resolve_cache(cache: str) -> str | type[KVCache]:
+    """A --cache value as TargetModel takes it: "auto", or the registered cache class of that name."""
+    return cache if cache == "auto" else get_cache_class(cache)
 
 
 def format_validation_error(proposer: str, exc: ValidationError) -> str:
@@ -73,10 +91,16 @@ def validate_generation_args(prompt: str, max_new_tokens: int) -> None:
 class SpeculativeDecoder:
     """A target model, a proposer and the engine that runs them losslessly."""
 
-    def __init__(self, target: TargetModel, proposer: Proposer) -> None:
+    def __init__(self, target: TargetModel, proposer: Proposer, verifier: str | None = None) -> None:
+        """`verifier`: a registered verifier's name for every generation (it must be exact for the decoding
+        asked for); None: greedy for temperature 0, rejection sampling otherwise."""
         self.target = target
         self.proposer = proposer
-        self.engine = Engine(target, proposer, get_verifier_class("greedy")(), get_verifier_class("rejection")())
+        if verifier is None:
+            greedy, sampled = (get_verifier_class(name)() for name in DEFAULT_VERIFIERS)
+        else:
+            greedy = sampled = check_verifier(verifier)()
+        self.engine = Engine(target, proposer, greedy, sampled)
 
     @classmethod
     def from_pretrained(
@@ -87,33 +111,39 @@ class SpeculativeDecoder:
         draft: str | None = None,
         device: str | torch.device | None = None,
         cache: str = "auto",
+        verifier: str | None = None,
         **proposer_options: Any,
     ) -> SpeculativeDecoder:
         """Load a target (None: the embedded SmolLM2-135M-Instruct) and build a proposer for it.
 
         `draft` is the proposer's draft checkpoint (its `draft` option); other keyword arguments are
-        validated against the proposer's Config before anything is loaded.
+        validated against the proposer's Config, and the cache and verifier names checked, before anything
+        is loaded.
         """
         name = proposer or default_proposer(model)
         options = dict(proposer_options)
         if draft is not None:
             options["draft"] = draft
         config = build_proposer_config(name, options)
-        if cache != "auto":
-            get_cache_class(cache)  # an unknown name fails here, before the model loads
+        cache_choice = resolve_cache(cache)  # an unknown name fails here, before the model loads
+        if verifier is not None:
+            check_verifier(verifier)
         torch_device = loading.resolve_device(device)
         torch_dtype = loading.resolve_dtype(dtype, torch_device)
         hf_model, tokenizer = loading.load_model(model, torch_dtype, torch_device)
-        target = TargetModel(hf_model, tokenizer, cache=cache)
-        return cls(target, get_proposer_class(name)(config, target))
+        target = TargetModel(hf_model, tokenizer, cache=cache_choice)
+        return cls(target, get_proposer_class(name)(config, target), verifier=verifier)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any = None, proposer: str = "autoregressive",
-                   cache: str = "auto", **proposer_options: Any) -> SpeculativeDecoder:
+                   cache: str = "auto", verifier: str | None = None,
+                   **proposer_options: Any) -> SpeculativeDecoder:
         """Wrap an already loaded transformers model (tests and notebooks)."""
         config = build_proposer_config(proposer, proposer_options)
-        target = TargetModel(model, tokenizer, cache=cache)
-        return cls(target, get_proposer_class(proposer)(config, target))
+        if verifier is not None:
+            check_verifier(verifier)
+        target = TargetModel(model, tokenizer, cache=resolve_cache(cache))
+        return cls(target, get_proposer_class(proposer)(config, target), verifier=verifier)
 
     def encode_prompt(self, prompt: str, raw: bool = False) -> torch.Tensor:
         """A user message -> input ids [1, T]; the chat template is applied when the tokenizer has one."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .contracts import KVCache
+from .contracts import KVCache, same_length
 
 
 class DynamicKVCache(KVCache):
@@ -23,13 +24,17 @@ class DynamicKVCache(KVCache):
 
     @property
     def hf_cache(self) -> Any:
+        """The object passed to the transformers model as its cache."""
         return self._cache
 
-    def length(self) -> int:
-        return int(self._cache.get_seq_length())
+    def lengths(self) -> list[int]:
+        for layer in self._cache.layers:
+            if layer.is_initialized:
+                return [int(self._cache.get_seq_length())] * int(layer.keys.shape[0])
+        return []
 
-    def crop(self, length: int) -> None:
-        excess = self.length() - length
+    def crop(self, lengths: Sequence[int]) -> None:
+        excess = int(self._cache.get_seq_length()) - same_length(lengths, "The dynamic cache")
         if excess > 0:
             self._cache.crop(-excess)
 
@@ -40,17 +45,19 @@ class DynamicKVCache(KVCache):
         # a sliding-window layer keeps only its window, so positions cannot be picked out of it
         return all(type(layer) is DynamicLayer for layer in self._cache.layers)
 
-    def retain(self, length: int, indices: torch.Tensor) -> None:
+    def retain(self, lengths: Sequence[int], indices: torch.Tensor) -> None:
         if not self.can_retain:
             raise NotImplementedError(f"The {self.name!r} cache cannot keep a tree draft's accepted path for "
                                       "sliding-window layers.")
+        length = same_length(lengths, "The dynamic cache")
+        n = int(indices.shape[1])
         for layer in self._cache.layers:
             if not layer.is_initialized:
                 continue
-            n = int(indices.shape[0])
-            # accepted node i sits at length + indices[i] >= length + i: the gather reads before it writes
-            source = indices.to(layer.keys.device) + length
-            layer.keys[..., length: length + n, :] = layer.keys[..., source, :]
-            layer.values[..., length: length + n, :] = layer.values[..., source, :]
+            for row in range(indices.shape[0]):
+                # accepted node i sits at length + indices[i] >= length + i: the gather reads before it writes
+                source = indices[row].to(layer.keys.device) + length
+                layer.keys[row, :, length: length + n] = layer.keys[row, :, source]
+                layer.values[row, :, length: length + n] = layer.values[row, :, source]
             layer.keys = layer.keys[..., : length + n, :]
             layer.values = layer.values[..., : length + n, :]

@@ -74,17 +74,17 @@ def as_prompt(item: Prompt | str | Sequence[int], index: int) -> Prompt:
     return Prompt(id=str(index), ids=ids)
 
 
-def read_prompts_jsonl(path: str | Path, prefer_dflash: bool = True) -> list[Prompt]:
+def read_prompts_jsonl(path: str | Path, paper_turns: bool = True) -> list[Prompt]:
     """Prompts from a JSONL file: one object a line with `turns` (list of user turns) or `prompt` (a string).
 
     `turns_dflash` (the DFlash paper's wording, see ../shared/datasets/README.md) replaces `turns` when
-    present and `prefer_dflash` is true. Every line is validated; a bad one raises SpecdecError naming the
+    present and `paper_turns` is true. Every line is validated; a bad one raises SpecdecError naming the
     file and line.
     """
     path = Path(path)
     prompts: list[Prompt] = []
     for where, record in read_jsonl(path, "Prompt file"):
-        turns = record.get("turns_dflash") if prefer_dflash else None
+        turns = record.get("turns_dflash") if paper_turns else None
         if turns is None:
             turns = record.get("turns")
         if turns is None and "prompt" in record:

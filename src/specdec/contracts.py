@@ -1,19 +1,75 @@
-"""The public contracts between the engine and its plugins: proposers, verifiers, caches.
+"""The public contracts between the engine and its plugins: proposers, verifiers, caches, training objectives,
+and the target as plugins see it.
 
-Every tensor is batch-shaped ([B, ...]) even where the engine only runs B = 1 today.
+Every tensor is batch-shaped ([B, ...]) even where the engine only runs B = 1 today. This module imports
+nothing concrete of specdec: implementations import it, never the other way round.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict
+from torch import nn
 
 if TYPE_CHECKING:
     from .sampling import SamplingParams
-    from .target import TargetModel, TargetOutput
+
+
+@dataclass
+class TargetOutput:
+    """logits: [B, n, V] (prefill keeps only the last position); taps: layer id -> [B, n_tokens, H]."""
+
+    logits: torch.Tensor
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def tapped(self, layer_ids: list[int] | tuple[int, ...]) -> torch.Tensor:
+        """The requested taps concatenated on the feature axis: [B, n_tokens, len(layer_ids) * H]."""
+        return torch.cat([self.taps[i] for i in layer_ids], dim=-1)
+
+    def select(self, positions: torch.Tensor) -> TargetOutput:
+        """The logits and taps at these positions [n] of the forward, in this order (a tree's accepted path
+        seen as the chain it became)."""
+        logits = self.logits[:, positions.to(self.logits.device)]
+        taps = {i: t[:, positions.to(t.device)] for i, t in self.taps.items()}
+        return TargetOutput(logits=logits, taps=taps)
+
+
+class Target(Protocol):
+    """The target model as proposers and training objectives see it (`specdec.TargetModel` implements it)."""
+
+    model: nn.Module
+    tokenizer: Any
+    config: Any
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def max_context(self) -> int: ...
+    @property
+    def embed_tokens(self) -> nn.Module: ...
+    @property
+    def lm_head(self) -> nn.Module: ...
+    @property
+    def eos_token_ids(self) -> set[int]: ...
+
+    def request_taps(self, layer_ids: Sequence[int]) -> None:
+        """Capture these decoder layers' outputs in every later forward (TargetOutput.taps)."""
+
+    def tap_hidden_states(self, input_ids: torch.Tensor) -> TargetOutput:
+        """Taps only, for every position of [B, T], from a cache-free forward (training)."""
 
 
 class ProposerConfig(BaseModel):
@@ -52,7 +108,9 @@ class Draft:
 class DecodeState:
     """What a proposer sees at each step.
 
-    tokens: LongTensor [B, T], every committed token (prompt + generated).
+    tokens: LongTensor [B, T], every committed token (prompt + generated); row b holds `lengths[b]` of them,
+    left-aligned (positions past a row's length are padding).
+    lengths: committed tokens per row (default: T for every row).
     max_draft_tokens: the most tokens a draft may hold now (bounded by max_new_tokens and the context window).
     """
 
@@ -61,6 +119,11 @@ class DecodeState:
     prompt_length: int
     sampling: SamplingParams | None = None
     generator: torch.Generator | None = None
+    lengths: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            self.lengths = [int(self.tokens.shape[1])] * int(self.tokens.shape[0])
 
     @property
     def batch_size(self) -> int:
@@ -68,7 +131,11 @@ class DecodeState:
 
     @property
     def length(self) -> int:
-        return int(self.tokens.shape[1])
+        """The committed length shared by every row (proposers written for one length per batch use it)."""
+        first = self.lengths[0]
+        if any(n != first for n in self.lengths):
+            raise ValueError(f"The rows hold different lengths {self.lengths}; read state.lengths per row.")
+        return first
 
 
 @dataclass
@@ -93,15 +160,17 @@ class Proposer:
     Config: ClassVar[type[ProposerConfig]] = ProposerConfig
     #: Short description shown by `specdec plugins`.
     description: ClassVar[str] = ""
+    #: When no proposer is named, the highest-priority proposer whose `default_for(model)` is true is used.
+    default_priority: ClassVar[int] = 0
 
-    def __init__(self, config: ProposerConfig, target: TargetModel) -> None:
+    def __init__(self, config: ProposerConfig, target: Target) -> None:
         self.config = config
         self.target = target
 
     @classmethod
     def default_for(cls, model: str | None) -> bool:
-        """True when this proposer needs no options for `model` (None: the embedded default) and should be
-        picked when the user names no proposer. The first such proposer in DEFAULT_PROPOSER_ORDER wins."""
+        """True when this proposer needs no options for `model` (None: the embedded default) and may be picked
+        when the user names no proposer; among those, the highest `default_priority` wins."""
         return False
 
     def propose(self, state: DecodeState) -> Draft:  # pragma: no cover - interface
@@ -122,8 +191,23 @@ class Verifier:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    #: which decoding it is exact for: greedy (temperature 0) and/or sampled (temperature > 0); the engine
+    #: refuses to run a verifier for the other kind, before any work starts
+    supports_greedy: ClassVar[bool] = True
+    supports_sampling: ClassVar[bool] = False
     #: whether `verify` accepts tree drafts (Draft.parents) and returns Verdict.path for them
     supports_trees: ClassVar[bool] = False
+
+    @classmethod
+    def inexact_for(cls, greedy: bool) -> str | None:
+        """The sentence refusing this verifier for greedy (or sampled) decoding, or None when it is exact."""
+        if greedy and not cls.supports_greedy:
+            return (f"The verifier {cls.name!r} is not exact for greedy decoding; use it with --temperature > 0, "
+                    "or choose another verifier (specdec plugins).")
+        if not greedy and not cls.supports_sampling:
+            return (f"The verifier {cls.name!r} is not exact for sampling; use it with --temperature 0, or choose "
+                    "another verifier (specdec plugins).")
+        return None
 
     def verify(
         self,
@@ -137,7 +221,12 @@ class Verifier:
 
 
 class KVCache:
-    """The target's key/value cache. `crop(length)` rolls it back to the first `length` positions."""
+    """The target's key/value cache, per row. `crop(lengths)` rolls row b back to its first `lengths[b]`
+    positions.
+
+    A cache read by transformers' forward also has `hf_cache`, the object passed to the model as its cache
+    (see `specdec.caches.DynamicKVCache`); the native cache is read by specdec's own forward instead.
+    """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -145,15 +234,11 @@ class KVCache:
     def __init__(self, model: Any) -> None:
         self.model = model
 
-    @property
-    def hf_cache(self) -> Any:  # pragma: no cover - interface
-        """The object passed to the transformers model as its cache."""
+    def lengths(self) -> list[int]:  # pragma: no cover - interface
+        """Positions held per row; [] before the first forward."""
         raise NotImplementedError
 
-    def length(self) -> int:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def crop(self, length: int) -> None:  # pragma: no cover - interface
+    def crop(self, lengths: Sequence[int]) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
     @property
@@ -161,10 +246,77 @@ class KVCache:
         """Whether `retain` works for this model's layers; tree drafts need it."""
         return False
 
-    def retain(self, length: int, indices: torch.Tensor) -> None:
-        """After a tree draft: keep the first `length` positions, then those at `length + indices` (the
-        accepted tree nodes, in order), and drop the rest. Caches that cannot only take chain drafts."""
+    def retain(self, lengths: Sequence[int], indices: torch.Tensor) -> None:
+        """After a tree draft: keep row b's first `lengths[b]` positions, then those at `lengths[b] +
+        indices[b]` (indices: [B, n], the accepted tree nodes, in order), and drop the rest. Caches that cannot
+        only take chain drafts."""
         raise NotImplementedError(f"The {type(self).name!r} cache cannot keep a tree draft's accepted path.")
+
+
+def same_length(lengths: Sequence[int], what: str) -> int:
+    """The one length shared by every row, for caches that keep rows of equal length."""
+    if not lengths:
+        raise ValueError(f"{what} needs one length per row, got none.")
+    first = int(lengths[0])
+    if any(int(n) != first for n in lengths):
+        raise NotImplementedError(f"{what} keeps rows of one length; got per-row lengths {list(lengths)}.")
+    return first
+
+
+class ObjectiveConfig(BaseModel):
+    """Options of a training objective (`specdec train --opt key=value`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def for_resume(self) -> ObjectiveConfig:
+        """These options as a resumed run applies them (`--resume`); options that act only when a run
+        begins (e.g. counting something from the data) override this to switch themselves off."""
+        return self
+
+
+class TrainingObjective:
+    """The per-proposer part of training: the draft being trained and its loss on one sequence. Registered
+    with `register_objectives`; the shared trainer (`specdec.training`) owns the loop."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
+
+    def __init__(self, config: ObjectiveConfig, target: Target, init: str | Path | None = None) -> None:
+        self.config = config
+        self.target = target
+
+    @property
+    def module(self) -> nn.Module:  # pragma: no cover - interface
+        """The trainable draft (everything else stays frozen)."""
+        raise NotImplementedError
+
+    def loss(self, tokens: torch.Tensor, loss_mask: torch.Tensor,
+             generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
+        """tokens, loss_mask: [T] for one sequence -> (scalar loss, metrics for the progress bar)."""
+        raise NotImplementedError
+
+    def batch_loss(self, sequences: list[tuple[torch.Tensor, torch.Tensor]],
+                   generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        """The mean of `loss` over several sequences, in as few forwards as the objective can manage.
+
+        This default runs them one by one; an objective that can pack them into one batch overrides it
+        (on a GPU, small per-sequence forwards leave the card idle between kernel launches).
+        """
+        losses, metrics = zip(*(self.loss(tokens, mask, generator) for tokens, mask in sequences), strict=True)
+        mean = {key: sum(m[key] for m in metrics) / len(metrics) for key in metrics[0]}
+        return torch.stack(list(losses)).mean(), mean
+
+    def use_data(self, data: Any) -> None:
+        """Called once before the first step with the training data (a `specdec.training.DataDir`), e.g. for
+        token statistics."""
+
+    def save_draft(self, folder: str | Path) -> Path:  # pragma: no cover - interface
+        """Write a checkpoint the proposer loads with its `draft` option."""
+        raise NotImplementedError
+
+    def proposer_options(self, folder: str | Path) -> dict[str, Any]:
+        """Options that make the proposer use the draft saved in `folder` (for evaluation)."""
+        return {"draft": str(folder)}
 
 
 @dataclass
@@ -174,5 +326,7 @@ class Registry:
     proposers: dict[str, type[Proposer]] = field(default_factory=dict)
     verifiers: dict[str, type[Verifier]] = field(default_factory=dict)
     caches: dict[str, type[KVCache]] = field(default_factory=dict)
-    objectives: dict[str, type] = field(default_factory=dict)
+    objectives: dict[str, type[TrainingObjective]] = field(default_factory=dict)
+    #: CLI commands plugins add (`register_commands`), by name: click.Command objects
+    commands: dict[str, Any] = field(default_factory=dict)
     origins: dict[tuple[str, str], str] = field(default_factory=dict)

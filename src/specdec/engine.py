@@ -29,6 +29,18 @@ class GenerationStats:
     verify_seconds: float = 0.0
     wall_seconds: float = 0.0
 
+    def record_step(self, num_accepted: int, num_proposed: int) -> None:
+        """One verification step: `num_proposed` draft positions (a tree's depth), the first `num_accepted`
+        of them accepted."""
+        self.num_target_forwards += 1
+        self.acceptance_lengths.append(num_accepted + 1)
+        while len(self.proposed_per_position) < num_proposed:
+            self.proposed_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for j in range(num_proposed):
+            self.proposed_per_position[j] += 1
+            self.accepted_per_position[j] += int(j < num_accepted)
+
     @property
     def mean_acceptance_length(self) -> float:
         steps = self.acceptance_lengths
@@ -145,6 +157,14 @@ class Engine:
             raise PluginError(f"{name} returned a tree draft but the verifier {type(verifier).name!r} takes "
                               "chains only (Verifier.supports_trees).")
 
+    def verifier_for(self, sampling: SamplingParams) -> Verifier:
+        """The verifier for this kind of decoding; one sentence if it is not exact for it."""
+        verifier = self.greedy_verifier if sampling.greedy else self.sampling_verifier
+        problem = type(verifier).inexact_for(sampling.greedy)
+        if problem is not None:
+            raise SpecdecError(problem)
+        return verifier
+
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -166,99 +186,115 @@ class Engine:
         if prompt_length >= context:
             raise SpecdecError(f"The prompt has {prompt_length} tokens but the model's context window is {context}; "
                                "shorten the prompt.")
-        max_new_tokens = min(max_new_tokens, context - prompt_length)
-        stops = StopChecker(self.target.eos_token_ids, stop_strings or [], self.target.tokenizer)
-        verifier = self.greedy_verifier if sampling.greedy else self.sampling_verifier
+        verifier = self.verifier_for(sampling)
         device = self.target.device
         generator = torch.Generator(device=device)
         generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-
-        stats = GenerationStats()
+        run = Generation(prompt_ids.to(device), min(max_new_tokens, context - prompt_length), sampling, generator,
+                         StopChecker(self.target.eos_token_ids, stop_strings or [], self.target.tokenizer))
         start = time.perf_counter()
-        buffer = torch.empty(1, prompt_length + max_new_tokens, dtype=torch.long, device=device)
-        buffer[:, :prompt_length] = prompt_ids.to(device)
-        length = prompt_length
-        generated: list[int] = []
         self.proposer.reset()
-
-        def state(max_draft: int) -> DecodeState:
-            return DecodeState(tokens=buffer[:, :length], max_draft_tokens=max_draft, prompt_length=prompt_length,
-                               sampling=sampling, generator=generator)
-
-        # Prefill: the prompt's logits give the first token (a step with an empty draft).
-        out = self.target.prefill(buffer[:, :length])
-        empty = Draft(tokens=buffer.new_empty(1, 0))
-        verdict = verifier.verify(out.logits, empty, sampling, generator)
-        first = int(verdict.emitted[0, 0])
-        buffer[0, length] = first
-        length += 1
-        generated.append(first)
-        stats.num_target_forwards += 1
-        stats.prefill_seconds = time.perf_counter() - start
+        self.prefill(run, verifier)
         if on_tokens is not None:
-            on_tokens([first])
-        stopped = stops.first_stop(generated, 1)
-        stop_reason = stopped[1] if stopped else "max_new_tokens"
-        if stopped is None and len(generated) < max_new_tokens:
-            self.proposer.prefill(state(0), out)
+            on_tokens(list(run.generated))
+        while not run.finished:
+            new_tokens = self.step(run, verifier)
+            if on_tokens is not None and new_tokens:
+                on_tokens(new_tokens)
+        if run.stop_reason == "max_new_tokens" and prompt_length + len(run.generated) >= context:
+            run.stop_reason = "context"
+        run.stats.num_generated_tokens = len(run.generated)
+        run.stats.wall_seconds = time.perf_counter() - start
+        return EngineResult(token_ids=run.generated, stats=run.stats, stop_reason=run.stop_reason)
 
-        while stopped is None and len(generated) < max_new_tokens:
-            max_draft = max_new_tokens - len(generated) - 1
-            t0 = time.perf_counter()
-            current = state(max_draft)
-            draft = self.proposer.propose(current) if max_draft > 0 else empty
-            self._check_draft(draft, current)
-            draft = _on_device(draft, buffer.device)
-            t1 = time.perf_counter()
-            feed = torch.cat([buffer[:, length - 1: length], draft.tokens.to(buffer.dtype)], dim=1)
-            parents = None if draft.parents is None or tree.is_chain(draft.parents) else draft.parents
-            out = self.target.forward(feed, tree_parents=parents)
-            verdict: Verdict = verifier.verify(out.logits, draft, sampling, generator)
-            n = int(verdict.num_accepted[0])
-            new_tokens = verdict.emitted[0, : n + 1]
-            if parents is None:
-                k = draft.num_tokens
-                self.target.crop(length + n)
-            else:  # keep the accepted path in the cache, and show the proposer the chain it became
-                k = max(tree.depths(parents))
-                assert verdict.path is not None, "tree verifiers return the accepted path"
-                path = verdict.path[0, :n].to(device)
-                self.target.retain(length, path)
-                out = out.select(torch.cat([path.new_zeros(1), path + 1]))
-            buffer[0, length: length + n + 1] = new_tokens
-            length += n + 1
-            new_list = new_tokens.tolist()
-            generated.extend(new_list)
-            stats.num_target_forwards += 1
-            stats.acceptance_lengths.append(n + 1)
-            while len(stats.proposed_per_position) < k:
-                stats.proposed_per_position.append(0)
-                stats.accepted_per_position.append(0)
-            for j in range(k):
-                stats.proposed_per_position[j] += 1
-                stats.accepted_per_position[j] += int(j < n)
-            t2 = time.perf_counter()
-            stats.propose_seconds += t1 - t0
-            stats.verify_seconds += t2 - t1
-            stopped = stops.first_stop(generated, len(new_list))
-            if stopped is not None:
-                cut = stopped[0] + 1
-                dropped = len(generated) - cut
-                del generated[cut:]
-                new_list = new_list[: len(new_list) - dropped]
-                stop_reason = stopped[1]
-            if on_tokens is not None and new_list:
-                on_tokens(new_list)
-            if stopped is None and len(generated) < max_new_tokens:
-                t3 = time.perf_counter()
-                self.proposer.observe(state(0), verdict, out)
-                stats.propose_seconds += time.perf_counter() - t3
+    def prefill(self, run: Generation, verifier: Verifier) -> None:
+        """The target reads the prompt; its logits give the first token (a step with an empty draft)."""
+        start = time.perf_counter()
+        out = self.target.prefill(run.committed())
+        verdict = verifier.verify(out.logits, Draft(tokens=run.buffer.new_empty(1, 0)), run.sampling, run.generator)
+        run.commit(verdict.emitted[0, :1])
+        run.stats.num_target_forwards += 1
+        run.stats.prefill_seconds = time.perf_counter() - start
+        if not run.finished:
+            self.proposer.prefill(run.state(0), out)
 
-        if stopped is None and len(generated) >= max_new_tokens and prompt_length + len(generated) >= context:
-            stop_reason = "context"
-        stats.num_generated_tokens = len(generated)
-        stats.wall_seconds = time.perf_counter() - start
-        return EngineResult(token_ids=generated, stats=stats, stop_reason=stop_reason)
+    def step(self, run: Generation, verifier: Verifier) -> list[int]:
+        """Propose, verify in one target forward, commit, roll the cache back; returns the committed tokens."""
+        t0 = time.perf_counter()
+        max_draft = run.max_new_tokens - len(run.generated) - 1
+        current = run.state(max_draft)
+        draft = self.proposer.propose(current) if max_draft > 0 else Draft(tokens=run.buffer.new_empty(1, 0))
+        self._check_draft(draft, current)
+        draft = _on_device(draft, run.buffer.device)
+        t1 = time.perf_counter()
+        length = run.length
+        feed = torch.cat([run.buffer[:, length - 1: length], draft.tokens.to(run.buffer.dtype)], dim=1)
+        parents = None if draft.parents is None or tree.is_chain(draft.parents) else draft.parents
+        out = self.target.forward(feed, tree_parents=parents)
+        verdict: Verdict = verifier.verify(out.logits, draft, run.sampling, run.generator)
+        n = int(verdict.num_accepted[0])
+        if parents is None:
+            proposed = draft.num_tokens
+            self.target.crop([length + n])
+        else:  # keep the accepted path in the cache, and show the proposer the chain it became
+            proposed = max(tree.depths(parents))
+            assert verdict.path is not None, "tree verifiers return the accepted path"
+            path = verdict.path[:, :n].to(run.buffer.device)
+            self.target.retain([length], path)
+            out = out.select(torch.cat([path.new_zeros(1), path[0] + 1]))
+        run.stats.record_step(n, proposed)
+        run.stats.propose_seconds += t1 - t0
+        run.stats.verify_seconds += time.perf_counter() - t1
+        new_tokens = run.commit(verdict.emitted[0, : n + 1])
+        if not run.finished:
+            t3 = time.perf_counter()
+            self.proposer.observe(run.state(0), verdict, out)
+            run.stats.propose_seconds += time.perf_counter() - t3
+        return new_tokens
+
+
+class Generation:
+    """One sequence being generated: its committed tokens, what it has emitted, when it stops, its statistics."""
+
+    def __init__(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
+                 generator: torch.Generator, stops: StopChecker) -> None:
+        self.prompt_length = int(prompt_ids.shape[1])
+        self.max_new_tokens = max_new_tokens
+        self.sampling, self.generator, self.stops = sampling, generator, stops
+        self.buffer = prompt_ids.new_empty(1, self.prompt_length + max_new_tokens)  # [1, prompt + new]
+        self.buffer[:, : self.prompt_length] = prompt_ids
+        self.length = self.prompt_length
+        self.generated: list[int] = []
+        self.stats = GenerationStats()
+        self.stop_reason = "max_new_tokens"
+        self.stopped = False
+
+    @property
+    def finished(self) -> bool:
+        return self.stopped or len(self.generated) >= self.max_new_tokens
+
+    def committed(self) -> torch.Tensor:
+        return self.buffer[:, : self.length]
+
+    def state(self, max_draft: int) -> DecodeState:
+        return DecodeState(tokens=self.committed(), max_draft_tokens=max_draft, prompt_length=self.prompt_length,
+                           sampling=self.sampling, generator=self.generator, lengths=[self.length])
+
+    def commit(self, verified: torch.Tensor) -> list[int]:
+        """Append the verified tokens [n], cut at the first that ends generation; returns those kept for output.
+        The buffer keeps every verified token: the target's cache holds them all."""
+        tokens = verified.tolist()
+        self.buffer[0, self.length: self.length + len(tokens)] = verified
+        self.length += len(tokens)
+        self.generated.extend(tokens)
+        stopped = self.stops.first_stop(self.generated, len(tokens))
+        if stopped is None:
+            return tokens
+        cut = stopped[0] + 1
+        dropped = len(self.generated) - cut
+        del self.generated[cut:]
+        self.stop_reason, self.stopped = stopped[1], True
+        return tokens[: len(tokens) - dropped]
 
 
 def _on_device(draft: Draft, device: torch.device) -> Draft:

@@ -14,18 +14,15 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import torch
 from pydantic import Field, ValidationError
 from safetensors.torch import save_file
 
-from .contracts import DecodeState, Proposer, ProposerConfig, Verdict
+from .contracts import DecodeState, Proposer, ProposerConfig, Target, TargetOutput, Verdict
 from .errors import SpecdecError
 from .loading import EMBEDDED_NAME
-
-if TYPE_CHECKING:
-    from .target import TargetModel, TargetOutput
 
 ConfigT = TypeVar("ConfigT")
 
@@ -138,7 +135,7 @@ class HiddenStateProposer(Proposer):
     layer_ids: list[int]
     cache: Any
 
-    def __init__(self, config: Config, target: TargetModel) -> None:
+    def __init__(self, config: Config, target: Target) -> None:
         super().__init__(config, target)
         if config.draft is None and not self.has_shipped_draft():
             raise SpecdecError(f"Proposer '{self.name}' needs a draft checkpoint; pass --draft PATH (or --opt "

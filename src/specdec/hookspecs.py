@@ -52,3 +52,13 @@ def register_objectives(register: Callable[[type], None]) -> None:
         subclass; ``cls.name`` is the proposer it trains drafts for. The shared trainer owns the loop,
         optimiser, checkpoints and evaluation; the objective owns the draft and its loss.
     """
+
+
+@hookspec
+def register_commands(cli) -> None:
+    """Add commands to the ``specdec`` command line.
+
+    :param cli: the ``specdec`` :class:`click.Group`; call ``cli.add_command(command)`` (or decorate with
+        ``@cli.command()``). A plugin's command name must not collide with specdec's own commands or another
+        plugin's. specdec's ``export`` comes from the plugins whose drafts can be exported this way.
+    """

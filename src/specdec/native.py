@@ -15,6 +15,7 @@ replaced layers) keep the transformers forward: `unsupported_reason` says why.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .contracts import KVCache
+from .contracts import KVCache, same_length
 from .prepacked import PrepackedLinears
 
 SUPPORTED = {
@@ -85,7 +86,8 @@ def projections(layer: nn.Module) -> tuple[nn.Module, ...]:
 
 class NativeKVCache(KVCache):
     """Keys and values of every layer in one preallocated buffer [layers, B, kv_heads, capacity, head_dim],
-    grown by doubling; crop is a length change, retain one gather. Used with specdec's native forward."""
+    grown by doubling; crop is a length change, retain one gather. Read by specdec's native forward (through
+    `specdec.backends.NativeBackend`), never by a transformers model. Its rows hold one length."""
 
     name = "native"
     description = "preallocated buffers for specdec's own Llama/Qwen forward (bit-identical to transformers')"
@@ -96,27 +98,30 @@ class NativeKVCache(KVCache):
         self.values: torch.Tensor | None = None
         self._length = 0
 
-    @property
-    def hf_cache(self) -> Any:
-        raise TypeError("The native cache is read by specdec's own forward, not by a transformers model.")
-
     def length(self) -> int:
+        """The length every row holds."""
         return self._length
 
-    def crop(self, length: int) -> None:
+    def lengths(self) -> list[int]:
+        return [] if self.keys is None else [self._length] * int(self.keys.shape[1])
+
+    def crop(self, lengths: Sequence[int]) -> None:
+        length = same_length(lengths, "The native cache")
         self._length = min(self._length, max(0, length))
 
     @property
     def can_retain(self) -> bool:
         return True
 
-    def retain(self, length: int, indices: torch.Tensor) -> None:
+    def retain(self, lengths: Sequence[int], indices: torch.Tensor) -> None:
         if self.keys is None or self.values is None:
             return
-        n = int(indices.shape[0])
-        source = indices.to(self.keys.device) + length  # indexing copies first, so overlapping writes are safe
-        self.keys[:, :, :, length: length + n] = self.keys[:, :, :, source]
-        self.values[:, :, :, length: length + n] = self.values[:, :, :, source]
+        length = same_length(lengths, "The native cache")
+        n = int(indices.shape[1])
+        for row in range(indices.shape[0]):
+            source = indices[row].to(self.keys.device) + length  # indexing copies first: overlapping writes are safe
+            self.keys[:, row, :, length: length + n] = self.keys[:, row, :, source]
+            self.values[:, row, :, length: length + n] = self.values[:, row, :, source]
         self._length = length + n
 
     def reserve(self, layers: int, batch: int, kv_heads: int, head_dim: int, new_tokens: int,

@@ -11,12 +11,12 @@ import os
 import warnings
 from functools import lru_cache
 
+import click
 import pluggy
 
 from . import hookspecs
-from .contracts import KVCache, Proposer, Registry, Verifier
+from .contracts import KVCache, Proposer, Registry, TrainingObjective, Verifier
 from .errors import PluginError
-from .training.objective import TrainingObjective
 
 ENV_ALLOWLIST = "SPECDEC_LOAD_PLUGINS"
 BUILTIN_DISTRIBUTION = "specdec (built-in)"
@@ -90,7 +90,23 @@ def collect(pm: pluggy.PluginManager, labels: dict[str, str]) -> Registry:
                 registry.origins[(_kind, name)] = _origin
 
             impl.function(register=register)
+    _collect_commands(pm, labels, registry)
     return registry
+
+
+def _collect_commands(pm: pluggy.PluginManager, labels: dict[str, str], registry: Registry) -> None:
+    """Each plugin's `register_commands` adds to a group of its own, so a clash names both plugins."""
+    for impl in pm.hook.register_commands.get_hookimpls():
+        origin = labels.get(impl.plugin_name, impl.plugin_name)
+        group = click.Group("specdec")
+        impl.function(cli=group)
+        for name, command in group.commands.items():
+            if name in registry.commands:
+                first = registry.origins[("commands", name)]
+                raise PluginError(f"Two plugins add the command {name!r}: {first} and {origin}; uninstall one of "
+                                  f"them or restrict loading with {ENV_ALLOWLIST}.")
+            registry.commands[name] = command
+            registry.origins[("commands", name)] = origin
 
 
 @lru_cache(maxsize=1)
@@ -100,33 +116,24 @@ def get_registry() -> Registry:
     return collect(pm, labels)
 
 
+def _lookup(kind: str, name: str, unknown: str) -> type:
+    table = getattr(get_registry(), kind)
+    if name not in table:
+        raise PluginError(unknown.format(name=name, known=", ".join(sorted(table)) or "none"))
+    return table[name]
+
+
 def get_proposer_class(name: str) -> type[Proposer]:
-    registry = get_registry()
-    if name not in registry.proposers:
-        known = ", ".join(sorted(registry.proposers))
-        raise PluginError(f"Unknown proposer {name!r}; choose one of: {known}.")
-    return registry.proposers[name]
+    return _lookup("proposers", name, "Unknown proposer {name!r}; choose one of: {known}.")
 
 
 def get_verifier_class(name: str) -> type[Verifier]:
-    registry = get_registry()
-    if name not in registry.verifiers:
-        known = ", ".join(sorted(registry.verifiers))
-        raise PluginError(f"Unknown verifier {name!r}; choose one of: {known}.")
-    return registry.verifiers[name]
+    return _lookup("verifiers", name, "Unknown verifier {name!r}; choose one of: {known}.")
 
 
 def get_cache_class(name: str) -> type[KVCache]:
-    registry = get_registry()
-    if name not in registry.caches:
-        known = ", ".join(sorted(registry.caches))
-        raise PluginError(f"Unknown cache {name!r}; choose one of: {known}.")
-    return registry.caches[name]
+    return _lookup("caches", name, "Unknown cache {name!r}; choose one of: {known}.")
 
 
-def get_objective_class(name: str) -> type:
-    registry = get_registry()
-    if name not in registry.objectives:
-        known = ", ".join(sorted(registry.objectives)) or "none"
-        raise PluginError(f"No training objective for proposer {name!r}; trainable proposers: {known}.")
-    return registry.objectives[name]
+def get_objective_class(name: str) -> type[TrainingObjective]:
+    return _lookup("objectives", name, "No training objective for proposer {name!r}; trainable proposers: {known}.")

@@ -14,7 +14,7 @@ from .sampling import SamplingParams, logits_to_probs
 class GreedyVerifier(Verifier):
     name = "greedy"
     description = "longest draft prefix (or tree path) equal to the target's argmax, plus the target's next token"
-    supports_trees = True
+    supports_greedy, supports_sampling, supports_trees = True, False, True
 
     def verify(self, target_logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
                generator: torch.Generator | None) -> Verdict:
@@ -29,7 +29,7 @@ class GreedyVerifier(Verifier):
 class RejectionSamplingVerifier(Verifier):
     name = "rejection"
     description = "Leviathan et al. 2023 rejection sampling; output distributed exactly as the target's"
-    supports_trees = True
+    supports_greedy, supports_sampling, supports_trees = False, True, True
 
     def verify(self, target_logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
                generator: torch.Generator | None) -> Verdict:

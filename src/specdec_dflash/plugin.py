@@ -1,4 +1,4 @@
-"""Entry point of the dflash plugin (group `specdec`): the proposer and its training objective."""
+"""Entry point of the dflash plugin (group `specdec`): the proposer, its training objective and `specdec export`."""
 
 import specdec
 
@@ -15,3 +15,10 @@ def register_objectives(register):
     from .training import DFlashObjective
 
     register(DFlashObjective)
+
+
+@specdec.hookimpl
+def register_commands(cli):
+    from .commands import export
+
+    cli.add_command(export)

@@ -51,6 +51,8 @@ def _quiet_transformers() -> None:
               "--cache autoregressive:hf=dynamic.")
 @click.option("--data-dir", default=None, help="Folder of NAME.jsonl datasets (searched first).")
 @click.option("--out", "-o", default=None, help="Output folder (default: specdec-bench/DATASET-TIMESTAMP).")
+@click.option("--verifier", default=None, help="Verifier of every specdec runner (see `specdec plugins`); "
+              "default: greedy, or rejection sampling at temperature > 0.")
 @click.option("--epsilon", default=DEFAULT_EPSILON, show_default=True, type=float,
               help="Near-tie threshold on the float32 logit gap for bf16/fp16 divergences.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
@@ -58,7 +60,7 @@ def _quiet_transformers() -> None:
 def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None, max_new_tokens: int,
           temperature: float, seed: int, dtype: str, device: str | None, model: str | None, draft: str | None,
           draft_model: str | None, opts: tuple[str, ...], caches: tuple[str, ...], data_dir: str | None,
-          out: str | None, epsilon: float, no_progress: bool) -> None:
+          out: str | None, verifier: str | None, epsilon: float, no_progress: bool) -> None:
     """Benchmark proposers (and transformers baselines) on a dataset: acceptance, speed, exact match.
 
     Writes results.json, results.md and PNG plots to --out. Ctrl-C writes what has finished.
@@ -72,7 +74,8 @@ def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None
     plan = plan_bench(dataset, proposers, baselines=baselines, limit=limit, max_new_tokens=max_new_tokens,
                       temperature=temperature, seed=seed, dtype=dtype, device=device, model=model,
                       draft=draft, draft_model=draft_model, data_dir=data_dir, out=out, options=opts,
-                      epsilon=epsilon, command=shlex.join(["specdec", *sys.argv[1:]]), caches=caches)
+                      epsilon=epsilon, command=shlex.join(["specdec", *sys.argv[1:]]), caches=caches,
+                      verifier=verifier)
     _quiet_transformers()
     click.echo(f"bench: {len(plan.prompts)} prompts from {plan.dataset_path}; runners: "
                f"{', '.join(plan.runner_names)}", err=True)
@@ -93,15 +96,11 @@ def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None
 
 
 def _default_proposers(model: str | None) -> list[str]:
-    from ..api import DEFAULT_PROPOSER_ORDER
-    from ..plugins import get_registry
+    """The reference, prompt lookup, and every proposer that needs no options for this model."""
+    from ..api import default_candidates
 
-    registry = get_registry()
     names = ["autoregressive", "ngram"]
-    for name in DEFAULT_PROPOSER_ORDER:
-        cls = registry.proposers.get(name)
-        if cls is not None and name not in names and cls.default_for(model):
-            names.append(name)
+    names += [name for name in reversed(default_candidates(model)) if name not in names]
     return names
 
 
@@ -118,33 +117,38 @@ def _default_proposers(model: str | None) -> list[str]:
 @click.option("--dtype", default="float32", show_default=True, type=DTYPE_CHOICES,
               help="float32 demands exact equality; bfloat16/float16 allow certified near-ties only.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:1 ... Default: cuda when available.")
+@click.option("--verifier", default=None, help="The verifier to check PROPOSER with (see `specdec plugins`); "
+              "default: greedy.")
 @click.option("--epsilon", default=DEFAULT_EPSILON, show_default=True, type=float,
               help="Near-tie threshold on the float32 logit gap (bfloat16/float16 only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @user_errors
 def check(proposer: str, opts: tuple[str, ...], model: str | None, draft: str | None,
-          prompts_file: str | None, max_new_tokens: int, dtype: str, device: str | None, epsilon: float,
-          as_json: bool) -> None:
+          prompts_file: str | None, max_new_tokens: int, dtype: str, device: str | None, verifier: str | None,
+          epsilon: float, as_json: bool) -> None:
     """Check that PROPOSER is lossless: its greedy output equals plain greedy decoding, token for token.
 
     Exit 0 when every prompt matches (in bf16/fp16: or diverges only at a certified near-tie), 1 otherwise.
     """
-    from ..api import SpeculativeDecoder, build_proposer_config
+    from ..api import SpeculativeDecoder, build_proposer_config, check_verifier
     from ..check import check_lossless, read_prompts_jsonl
     from ..errors import SpecdecError
+    from ..sampling import SamplingParams
 
     options: dict[str, Any] = parse_options(opts)
     if draft is not None:
         options["draft"] = draft
     build_proposer_config(proposer, options)  # validate before loading anything
+    if verifier is not None:
+        check_verifier(verifier, SamplingParams())  # the check decodes greedily
     if max_new_tokens < 1:
         raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     if not epsilon > 0:
         raise SpecdecError(f"--epsilon must be positive, got {epsilon}.")
-    prompts = read_prompts_jsonl(prompts_file, prefer_dflash=False) if prompts_file else None
+    prompts = read_prompts_jsonl(prompts_file, paper_turns=False) if prompts_file else None
     _quiet_transformers()
     decoder = SpeculativeDecoder.from_pretrained(model, proposer=proposer, dtype=dtype, device=device,
-                                                 **options)
+                                                 verifier=verifier, **options)
     tokenizer = decoder.target.tokenizer
     on_result = None if as_json else (lambda report, result: click.echo(report.describe(result, tokenizer)))
     try:

@@ -51,5 +51,5 @@ def load_dataset(name_or_path: str, data_dir: str | os.PathLike | None = None,
     if limit is not None and limit < 1:
         raise SpecdecError(f"--limit must be at least 1, got {limit}; leave it out to run every prompt.")
     path = resolve_dataset(name_or_path, data_dir)
-    prompts = read_prompts_jsonl(path, prefer_dflash=True)
+    prompts = read_prompts_jsonl(path, paper_turns=True)
     return path, prompts[:limit] if limit is not None else prompts

@@ -137,6 +137,7 @@ class BenchPlan:
     out: Path = Path("specdec-bench")
     caches: dict[str, str] = field(default_factory=dict)  # runner -> KV cache; "auto" when absent
     command: str = ""
+    verifier: str | None = None  # every specdec runner's verifier; None: greedy, or rejection when sampling
 
     @property
     def runner_names(self) -> list[str]:
@@ -148,7 +149,8 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
                dtype: str = "auto", device: str | None = None, model: str | None = None,
                draft: str | None = None, draft_model: str | None = None, data_dir: str | None = None,
                out: str | os.PathLike | None = None, options: Iterable[str] = (),
-               epsilon: float = DEFAULT_EPSILON, command: str = "", caches: Iterable[str] = ()) -> BenchPlan:
+               epsilon: float = DEFAULT_EPSILON, command: str = "", caches: Iterable[str] = (),
+               verifier: str | None = None) -> BenchPlan:
     """Validate every argument (before any model loads); SpecdecError with one sentence on bad input."""
     from ..loading import DTYPES
 
@@ -158,6 +160,11 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
         raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     if temperature < 0:
         raise SpecdecError(f"--temperature must be 0 (greedy) or positive, got {temperature}.")
+    if verifier is not None:
+        from ..api import check_verifier
+        from ..sampling import SamplingParams
+
+        check_verifier(verifier, SamplingParams(temperature=temperature))
     if dtype != "auto" and dtype not in DTYPES:
         raise SpecdecError(f"Unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}.")
     if not epsilon > 0:
@@ -180,4 +187,5 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
     return BenchPlan(dataset=dataset, dataset_path=path, prompts=prompts, proposers=configs,
                      baselines=runner_baselines, limit=limit, max_new_tokens=max_new_tokens,
                      temperature=temperature, seed=seed, dtype=dtype, device=device, model=model, draft=draft,
-                     draft_model=draft_model, epsilon=epsilon, out=out, command=command, caches=runner_caches)
+                     draft_model=draft_model, epsilon=epsilon, out=out, command=command, caches=runner_caches,
+                     verifier=verifier)

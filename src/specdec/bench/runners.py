@@ -84,15 +84,15 @@ class HFRunner:
 
 
 def build_runners(plan: BenchPlan, model: Any, tokenizer: Any) -> list[Any]:
-    from ..api import SpeculativeDecoder
+    from ..api import SpeculativeDecoder, resolve_cache
     from ..plugins import get_proposer_class
     from ..target import TargetModel
 
     runners: list[Any] = []
     for name, config in plan.proposers.items():
-        target = TargetModel(model, tokenizer, cache=plan.caches.get(name, "auto"))
+        target = TargetModel(model, tokenizer, cache=resolve_cache(plan.caches.get(name, "auto")))
         proposer = get_proposer_class(proposer_of(name))(config, target)
-        runners.append(SpecdecRunner(name, SpeculativeDecoder(target, proposer)))
+        runners.append(SpecdecRunner(name, SpeculativeDecoder(target, proposer, verifier=plan.verifier)))
     if plan.baselines:
         eos = TargetModel(model, tokenizer).eos_token_ids
         pad = getattr(tokenizer, "pad_token_id", None)

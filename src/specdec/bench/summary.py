@@ -143,6 +143,7 @@ def summarize(plan: BenchPlan, model: Any, records: Mapping[str, RunnerRecord], 
         per_prompt.append({"id": prompts[i].id, "runs": runs})
     meta = {
         "command": plan.command,
+        "verifier": plan.verifier,
         "dataset": {"name": plan.dataset, "path": str(plan.dataset_path), "num_prompts": done,
                     "num_turns": sum(len(p.turns) or 1 for p in prompts[:done])},
         "limit": plan.limit, "max_new_tokens": plan.max_new_tokens, "temperature": plan.temperature,

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 class NgramProposer(Proposer):
     name = "ngram"
     description = "prompt lookup: continues the longest suffix n-gram found earlier in prompt + output"
+    default_priority = 10  # needs nothing but the tokens: the default wherever no trained draft fits
+
+    @classmethod
+    def default_for(cls, model: str | None) -> bool:
+        return True
 
     class Config(ProposerConfig):
         num_tokens: int = Field(10, ge=1, description="most tokens proposed per step")

@@ -1,0 +1,226 @@
+"""How the target runs: a backend owns its forward, its KV cache and how hidden-state taps are read.
+
+`TargetModel` (specdec.target) delegates forward, crop, retain, reset and taps to one backend, chosen in one
+place (`make_backend`, from the `cache` argument: auto | native | dynamic | a registered KVCache class):
+
+- `NativeBackend`: specdec's own forward for Llama-family models (`specdec.native`), its preallocated
+  `NativeKVCache`, taps read inside the forward.
+- `TransformersBackend`: the transformers model's own forward with a cache that has `hf_cache` (transformers'
+  DynamicCache by default), taps captured with forward hooks on the tapped decoder layers only.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import native, tree
+from .caches import DynamicKVCache
+from .contracts import KVCache, TargetOutput, same_length
+from .errors import SpecdecError
+
+BUILTIN_CACHES: dict[str, type[KVCache]] = {"native": native.NativeKVCache, "dynamic": DynamicKVCache}
+
+
+def base_model(model: nn.Module) -> nn.Module | None:
+    return getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    layers = getattr(base_model(model), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise SpecdecError(f"{type(model).__name__} has no `model.layers` list of decoder layers; specdec supports "
+                           "decoder-only transformers models laid out like Llama, Qwen or Mistral.")
+    return layers
+
+
+def positions_after(lengths: Sequence[int], n: int, tree_parents: list[int] | None,
+                    device: torch.device) -> torch.Tensor:
+    """Position ids [B, n] of n new tokens after each row's cached ones; a tree's nodes sit at their depth."""
+    offsets = torch.arange(n, device=device) if tree_parents is None else \
+        torch.tensor([0] + tree.depths(tree_parents), device=device)
+    return torch.tensor(list(lengths), device=device).unsqueeze(1) + offsets
+
+
+class TargetBackend:
+    """A target's forward and KV cache. Lengths are per row; every row holds the same count until batching."""
+
+    cache: KVCache | None
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.cache = None
+
+    @property
+    def cache_name(self) -> str:
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def reset(self) -> None:
+        """A fresh, empty cache (before each generation)."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def lengths(self) -> list[int]:
+        return [] if self.cache is None else self.cache.lengths()
+
+    def crop(self, lengths: Sequence[int]) -> None:
+        assert self.cache is not None, "call reset() before the first forward"
+        self.cache.crop(lengths)
+
+    @property
+    def can_retain(self) -> bool:
+        return self.cache is not None and self.cache.can_retain
+
+    def retain(self, lengths: Sequence[int], indices: torch.Tensor) -> None:
+        assert self.cache is not None, "call reset() before the first forward"
+        self.cache.retain(lengths, indices)
+
+    def add_tap(self, layer_id: int) -> None:
+        """Capture this decoder layer's output in every later forward."""
+
+    def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
+                tree_parents: list[int] | None) -> TargetOutput:
+        """Feed [B, n] tokens after the cached ones (a tree under the first when `tree_parents` is given)."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def taps_only(self, input_ids: torch.Tensor, tap_ids: list[int]) -> dict[int, torch.Tensor]:
+        """The taps of a cache-free forward over [B, T] that stops after the deepest tap."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def coverage_problem(self) -> str | None:
+        """Why this backend no longer runs the model exactly (checked before each generation), or None."""
+        return None
+
+    def refresh_weights(self) -> None:
+        """Catch up with weights changed in place since the last generation (fine-tuning)."""
+
+
+class NativeBackend(TargetBackend):
+    """specdec's own forward (bit-identical to transformers') and its preallocated cache."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.forward_pass = native.NativeForward(model)
+
+    @property
+    def cache_name(self) -> str:
+        return native.NativeKVCache.name
+
+    def reset(self) -> None:
+        self.cache = native.NativeKVCache(self.model)
+
+    def coverage_problem(self) -> str | None:
+        return native.unsupported_reason(self.model)
+
+    def refresh_weights(self) -> None:
+        self.forward_pass.prepacked.refresh()  # weights changed in place since are packed again
+
+    def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
+                tree_parents: list[int] | None) -> TargetOutput:
+        cache = self.cache
+        assert isinstance(cache, native.NativeKVCache), "call reset() before the first forward"
+        batch, n = input_ids.shape
+        start = cache.length()
+        positions = positions_after([start] * batch, n, tree_parents, input_ids.device)
+        mask = None if tree_parents is None else tree.bool_mask(tree_parents, start, input_ids.device)
+        logits, taps = self.forward_pass(input_ids, positions, cache, mask, tap_ids, logits_to_keep=logits_to_keep)
+        assert logits is not None
+        return TargetOutput(logits=logits, taps=taps)
+
+    def taps_only(self, input_ids: torch.Tensor, tap_ids: list[int]) -> dict[int, torch.Tensor]:
+        positions = positions_after([0] * input_ids.shape[0], input_ids.shape[1], None, input_ids.device)
+        _, taps = self.forward_pass(input_ids, positions, None, None, tap_ids, stop_after=max(tap_ids))
+        return taps
+
+
+class _TapsComplete(Exception):
+    """Raised by the deepest tap's hook to end a taps-only forward: nothing after that layer is needed."""
+
+
+class TransformersBackend(TargetBackend):
+    """The model's own transformers forward, with a KV cache class that provides `hf_cache`."""
+
+    def __init__(self, model: nn.Module, cache_class: type[KVCache]) -> None:
+        super().__init__(model)
+        if not isinstance(getattr(cache_class, "hf_cache", None), property):
+            raise SpecdecError(f"The cache {cache_class.name!r} has no `hf_cache` for transformers' forward; choose "
+                               "a cache made for it (dynamic).")
+        self.cache_class = cache_class
+        self.layers = decoder_layers(model)
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks: list[Any] = []
+        self._stop_after: int | None = None  # set during a taps-only forward
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def cache_name(self) -> str:
+        return self.cache_class.name
+
+    def reset(self) -> None:
+        self.cache = self.cache_class(self.model)
+
+    def add_tap(self, layer_id: int) -> None:
+        def hook(_module, _inputs, output):
+            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+            if layer_id == self._stop_after:
+                raise _TapsComplete
+
+        hook.specdec_tap = True  # type: ignore[attr-defined]  # not a user hook (see native.unsupported_reason)
+        self._hooks.append(self.layers[layer_id].register_forward_hook(hook))
+
+    def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
+                tree_parents: list[int] | None) -> TargetOutput:
+        assert self.cache is not None, "call reset() before the first forward"
+        batch, n = input_ids.shape
+        start = same_length(self.cache.lengths() or [0] * batch, "The transformers backend")
+        extra: dict[str, Any] = {}
+        if tree_parents is not None:
+            dtype = self.model.get_input_embeddings().weight.dtype
+            extra["attention_mask"] = tree.attention_mask(tree_parents, start, dtype, input_ids.device)
+        self._captured = {}
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions_after([start] * batch, n, tree_parents, input_ids.device),
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **{self._cache_kwarg: self.cache.hf_cache},  # type: ignore[attr-defined]
+            **extra,
+        )
+        taps, self._captured = self._captured, {}
+        return TargetOutput(logits=out.logits, taps=taps)
+
+    def taps_only(self, input_ids: torch.Tensor, tap_ids: list[int]) -> dict[int, torch.Tensor]:
+        positions = positions_after([0] * input_ids.shape[0], input_ids.shape[1], None, input_ids.device)
+        self._captured, self._stop_after = {}, max(tap_ids)
+        try:
+            base_model(self.model)(input_ids=input_ids, position_ids=positions, use_cache=False)
+        except _TapsComplete:
+            pass
+        finally:
+            self._stop_after = None
+        taps, self._captured = self._captured, {}
+        return taps
+
+
+def make_backend(model: nn.Module, cache: str | type[KVCache]) -> TargetBackend:
+    """The one place a target's forward is chosen. `cache`: "auto" (native when `specdec.native` covers the
+    model exactly, else transformers' DynamicCache), "native", "dynamic", or a KVCache class (a registered
+    cache; look names up with `specdec.plugins.get_cache_class`)."""
+    unsupported = native.unsupported_reason(model)
+    if cache == "auto":
+        cache = "dynamic" if unsupported else "native"
+    if isinstance(cache, str):
+        if cache not in BUILTIN_CACHES:
+            raise SpecdecError(f"Unknown cache {cache!r}; choose auto, native or dynamic, or pass a registered "
+                               "cache's class (specdec.plugins.get_cache_class).")
+        cache = BUILTIN_CACHES[cache]
+    if issubclass(cache, native.NativeKVCache):
+        if unsupported:
+            raise SpecdecError(f"The native cache needs specdec's own forward, which does not cover this model "
+                               f"({unsupported}); use cache='dynamic' or 'auto'.")
+        return NativeBackend(model)
+    return TransformersBackend(model, cache)
