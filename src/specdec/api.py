@@ -82,8 +82,21 @@ def build_proposer_config(proposer: str, options: Mapping[str, Any]) -> Proposer
 
 
 def validate_generation_args(prompt: str, max_new_tokens: int) -> None:
+    if isinstance(prompt, (list, tuple)):
+        raise SpecdecError(f"generate() takes one prompt (a string) and was given a {type(prompt).__name__} of "
+                           f"{len(prompt)} prompts; batching is not supported yet, so call generate() once per prompt.")
+    if not isinstance(prompt, str):
+        raise SpecdecError(f"The prompt must be a string, got {type(prompt).__name__}; pass text, or token ids to "
+                           "generate_ids().")
     if not prompt or not prompt.strip():
         raise SpecdecError("The prompt is empty; give the text to continue.")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a command-line byte that is not UTF-8 arrives as a lone surrogate
+        bad = prompt[exc.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"{bad!r}"
+        raise SpecdecError(f"The prompt is not valid UTF-8 ({byte} at character {exc.start}); give the text in "
+                           "UTF-8.") from None
     if max_new_tokens < 1:
         raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
 
@@ -167,7 +180,7 @@ class SpeculativeDecoder:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
-        stop: list[str] | None = None,
+        stop: str | list[str] | None = None,
         raw: bool = False,
         on_text: Callable[[str], None] | None = None,
     ) -> GenerationOutput:
@@ -183,11 +196,12 @@ class SpeculativeDecoder:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
-        stop: list[str] | None = None,
+        stop: str | list[str] | None = None,
         on_text: Callable[[str], None] | None = None,
     ) -> GenerationOutput:
         if not isinstance(input_ids, torch.Tensor):
             input_ids = torch.tensor([list(input_ids)], dtype=torch.long)
+        stop = as_stop_strings(stop)
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
         tokenizer = self.target.tokenizer
         streamer = _TextStreamer(tokenizer, on_text) if on_text is not None and tokenizer is not None else None
@@ -196,6 +210,20 @@ class SpeculativeDecoder:
         text = tokenizer.decode(result.token_ids, skip_special_tokens=True) if tokenizer is not None else ""
         return GenerationOutput(text=text, token_ids=result.token_ids, stats=result.stats,
                                 stop_reason=result.stop_reason)
+
+
+def as_stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """`stop` as a list of stop strings: one string given alone is one stop string, not its characters."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    stops = list(stop)
+    for item in stops:
+        if not isinstance(item, str):
+            raise SpecdecError(f"Each stop string must be a string, got {type(item).__name__} {item!r}; pass "
+                               "stop=\"text\" or stop=[\"a\", \"b\"].")
+    return stops
 
 
 class _TextStreamer:

@@ -111,7 +111,7 @@ class Engine:
         self.greedy_verifier = greedy_verifier
         self.sampling_verifier = sampling_verifier
 
-    def _check_draft(self, draft: Draft, state: DecodeState) -> None:
+    def _check_draft(self, draft: Draft, state: DecodeState, verifier: Verifier) -> None:
         """A proposer may suggest anything, but only in the shape the contract allows."""
         name = f"Proposer {type(self.proposer).name!r} ({type(self.proposer).__module__})"
         tokens = draft.tokens
@@ -122,7 +122,7 @@ class Engine:
         if tokens.dtype not in (torch.int64, torch.int32):
             raise PluginError(f"{name} returned draft tokens of dtype {tokens.dtype}; expected torch.long.")
         if draft.parents is not None:
-            self._check_tree(name, draft, state)
+            self._check_tree(name, draft, state, verifier)
         elif tokens.shape[1] > state.max_draft_tokens:
             raise PluginError(f"{name} proposed {tokens.shape[1]} tokens but at most {state.max_draft_tokens} "
                               "were allowed (state.max_draft_tokens).")
@@ -133,7 +133,7 @@ class Engine:
             raise PluginError(f"{name} returned draft probs of shape {tuple(draft.probs.shape)}; expected "
                               f"[{state.batch_size}, {tokens.shape[1]}, {vocab}].")
 
-    def _check_tree(self, name: str, draft: Draft, state: DecodeState) -> None:
+    def _check_tree(self, name: str, draft: Draft, state: DecodeState, verifier: Verifier) -> None:
         parents = draft.parents
         if not isinstance(parents, list) or len(parents) != draft.num_tokens:
             raise PluginError(f"{name} returned a tree draft whose parents are not a list of {draft.num_tokens} "
@@ -152,7 +152,6 @@ class Engine:
             raise SpecdecError(f"{name} returned a tree draft, but the target's KV cache cannot keep a "
                                "tree's accepted path for this model (sliding-window attention); use a chain draft "
                                "(for dflash: tree_size=0; for ngram: candidates=1).")
-        verifier = self.greedy_verifier if state.sampling is None or state.sampling.greedy else self.sampling_verifier
         if not verifier.supports_trees:
             raise PluginError(f"{name} returned a tree draft but the verifier {type(verifier).name!r} takes "
                               "chains only (Verifier.supports_trees).")
@@ -174,7 +173,12 @@ class Engine:
         stop_strings: list[str] | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> EngineResult:
-        """Generate after `prompt_ids` [B, T]; returns the generated ids (the stop token included)."""
+        """Generate after `prompt_ids` [B, T]; returns the generated ids (the stop token included).
+
+        Calls from several threads are serialised: a generation holds the target's lock (one per model
+        object) from its prefill to its last step, since the KV cache, the proposer's draft state and the
+        model's tap hooks belong to the sequence in progress. Input is checked before the lock is taken.
+        """
         if prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
             raise SpecdecError("The prompt is empty; give at least one token of text.")
         if prompt_ids.shape[0] != 1:
@@ -192,6 +196,10 @@ class Engine:
         generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
         run = Generation(prompt_ids.to(device), min(max_new_tokens, context - prompt_length), sampling, generator,
                          StopChecker(self.target.eos_token_ids, stop_strings or [], self.target.tokenizer))
+        with self.target.lock:
+            return self._run(run, verifier, on_tokens)
+
+    def _run(self, run: Generation, verifier: Verifier, on_tokens: Callable[[list[int]], None] | None) -> EngineResult:
         start = time.perf_counter()
         self.proposer.reset()
         self.prefill(run, verifier)
@@ -201,7 +209,7 @@ class Engine:
             new_tokens = self.step(run, verifier)
             if on_tokens is not None and new_tokens:
                 on_tokens(new_tokens)
-        if run.stop_reason == "max_new_tokens" and prompt_length + len(run.generated) >= context:
+        if run.stop_reason == "max_new_tokens" and run.prompt_length + len(run.generated) >= self.target.max_context:
             run.stop_reason = "context"
         run.stats.num_generated_tokens = len(run.generated)
         run.stats.wall_seconds = time.perf_counter() - start
@@ -224,7 +232,7 @@ class Engine:
         max_draft = run.max_new_tokens - len(run.generated) - 1
         current = run.state(max_draft)
         draft = self.proposer.propose(current) if max_draft > 0 else Draft(tokens=run.buffer.new_empty(1, 0))
-        self._check_draft(draft, current)
+        self._check_draft(draft, current, verifier)
         draft = _on_device(draft, run.buffer.device)
         t1 = time.perf_counter()
         length = run.length

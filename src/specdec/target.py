@@ -10,6 +10,8 @@ whenever the model qualifies. Tap layer id L is the output of decoder layer L (t
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +26,20 @@ from .errors import SpecdecError
 __all__ = ["TargetModel", "TargetOutput", "base_model", "decoder_layers"]
 
 
+_MODEL_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: nn.Module) -> threading.RLock:
+    """The lock of one model object, shared by every TargetModel over it: a generation holds it throughout, since
+    tap hooks, the native forward's packed weights and the model's own caches are shared through the model."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
+
+
 class TargetModel:
     """Wraps a transformers causal LM for speculative decoding (prefill, k-token forward, rollback).
 
@@ -36,6 +52,7 @@ class TargetModel:
         self.config = model.config
         self._layers = decoder_layers(model)
         self._cache_choice = cache
+        self.lock = model_lock(model)  # held by a generation from prefill to its last step (Engine.generate)
         self.backend: TargetBackend = make_backend(model, cache)
         self._tap_ids: list[int] = []
 
