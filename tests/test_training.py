@@ -284,3 +284,186 @@ def test_a_draft_with_sliding_window_layers_is_refused(tmp_path):
     save_draft(DFlashDraftModel(config), tmp_path / "windowed")
     with pytest.raises(SpecdecError, match="sliding-window layers"):
         DFlashObjective(DFlashObjective.Config(), target, init=tmp_path / "windowed")
+
+
+# -- issue 25: the learning-rate schedule, data ids, settings, output folders, atomic checkpoints -----------
+
+def test_the_learning_rate_never_exceeds_the_peak():
+    """Brute force over many run lengths, warm-up shares, floors and time budgets: never above `lr`, always
+    never negative, rising through the warm-up and falling after it. (A 2-step run used to start at 12.5x the peak.)"""
+    from specdec.training.trainer import TrainSettings, lr_at
+
+    peak = 6e-4
+    assert lr_at(0, TrainSettings(steps=2, lr=peak)) <= peak
+    # long runs keep the schedule they had: linear warm-up over 4% of the steps
+    assert lr_at(10, TrainSettings(steps=1000, lr=peak)) == pytest.approx(peak * 10 / 40)
+    for steps in range(1, 161):
+        for warmup in (0.0, 0.01, 0.04, 0.1, 0.3, 1.0):
+            for floor in (0.0, 0.1, 0.5):
+                for minutes, elapsed in ((None, 0.0), (1.0, 0.0), (1.0, 6.0), (1.0, 90.0)):
+                    settings = TrainSettings(steps=steps, lr=peak, warmup_ratio=warmup, min_lr_ratio=floor,
+                                             max_minutes=minutes)
+                    lrs = [lr_at(step, settings, elapsed) for step in range(steps)]
+                    assert max(lrs) <= peak and min(lrs) >= 0, (steps, warmup, floor, minutes, elapsed)
+                    top = lrs.index(max(lrs))
+                    assert lrs[: top + 1] == sorted(lrs[: top + 1]), (steps, warmup, floor)
+                    assert lrs[top:] == sorted(lrs[top:], reverse=True), (steps, warmup, floor)
+
+
+def _generating_model():
+    model = tiny_model("llama", seed=5, dtype=torch.float32)
+    model.generation_config.eos_token_id = 1
+    model.generation_config.pad_token_id = 1
+    return model
+
+
+def test_data_ids_are_prompt_hashes_so_same_named_files_do_not_collide(tmp_path):
+    from specdec.training.data import ID_SCHEME, generate_data, prompt_key
+
+    model, tokenizer = _generating_model(), tiny_tokenizer()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "good.jsonl").write_text('{"prompt": "w10 w11"}\n{"prompt": "w12 w13"}\n')
+    # the same stem and line numbers as a/good.jsonl, other prompts, and one prompt a/ has too
+    (tmp_path / "b" / "good.jsonl").write_text('{"prompt": "w20 w21"}\n{"prompt": "w22 w23"}\n'
+                                               '{"id": "x", "prompt": "w10 w11"}\n')
+    out = tmp_path / "data"
+    generate_data(model, tokenizer, "tiny", [str(tmp_path / "a" / "good.jsonl")], out, max_new_tokens=4,
+                  batch_size=2, progress=False)
+    index = generate_data(model, tokenizer, "tiny", [str(tmp_path / "b" / "good.jsonl")], out, max_new_tokens=4,
+                          batch_size=2, progress=False)
+    ids = [i for shard in index["shards"] for i in shard["ids"]]
+    texts = ["w10 w11", "w12 w13", "w20 w21", "w22 w23"]
+    assert sorted(ids) == sorted(prompt_key(t) for t in texts)  # b's new prompts were not skipped, none twice
+    assert index["format"] == 2 and index["id_scheme"] == ID_SCHEME
+    assert index["generation"]["prompt_files"] == [str(tmp_path / "a" / "good.jsonl"),
+                                                   str(tmp_path / "b" / "good.jsonl")]
+    assert prompt_key("w10 w11") != prompt_key("w10 w11 ") and prompt_key("\ud800").startswith("sha256:")
+
+
+def test_a_resume_over_a_format_1_index_keeps_its_ids(tmp_path):
+    """Old data directories (ids `<stem>:<line>`) resume with old ids: nothing repeated, nothing skipped, and
+    the sequences are the ones a new directory gets."""
+    from specdec.training.data import generate_data, read_prompts
+
+    model, tokenizer = _generating_model(), tiny_tokenizer()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"w{10 + i} w{20 + i}"}) + "\n" for i in range(5)))
+    kwargs = dict(max_new_tokens=5, batch_size=2, progress=False)
+    generate_data(model, tokenizer, "tiny", [str(prompts)], tmp_path / "new", **kwargs)
+    old = tmp_path / "old"
+    generate_data(model, tokenizer, "tiny", [str(prompts)], old, limit=2, **kwargs)
+    # rewrite it as specdec wrote format 1: old ids, no id scheme, no owner marker, no per-shard settings
+    legacy = {r.key: r.id for r in read_prompts(prompts)}
+    index = json.loads((old / "index.json").read_text())
+    index = {"format": 1, "target": index["target"],
+             "generation": {"max_new_tokens": 5, "max_prompt_tokens": 512, "temperature": 0.0,
+                            "prompt_files": [str(prompts)], "shuffle_seed": 0},
+             "shards": [{k: v for k, v in s.items() if k != "generation"} | {"ids": [legacy[i] for i in s["ids"]]}
+                        for s in index["shards"]]}
+    (old / "index.json").write_text(json.dumps(index))
+    for extra in (".specdec-owner", ".specdec-lock"):
+        (old / extra).unlink()
+    resumed = generate_data(model, tokenizer, "tiny", [str(prompts)], old, **kwargs)
+    ids = [i for shard in resumed["shards"] for i in shard["ids"]]
+    assert sorted(ids) == sorted(legacy.values()) and resumed["format"] == 1
+    by_text = {legacy[k]: k for k in legacy}
+    new_index = DataDir(tmp_path / "new").read_index()
+    new = dict(zip([i for s in new_index["shards"] for i in s["ids"]],
+                   [t.tolist() for t, _ in DataDir(tmp_path / "new").sequences()], strict=True))
+    assert {by_text[i]: t.tolist() for i, (t, _) in zip(ids, DataDir(old).sequences(), strict=True)} == new
+
+
+def test_settings_are_recorded_per_shard_and_a_resume_with_others_is_refused(tmp_path):
+    from specdec.training.data import generate_data
+
+    model, tokenizer = _generating_model(), tiny_tokenizer()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"w{10 + i} w{20 + i}"}) + "\n" for i in range(5)))
+    out = tmp_path / "data"
+    index = generate_data(model, tokenizer, "tiny", [str(prompts)], out, max_new_tokens=6, batch_size=2,
+                          flush_seconds=0, limit=3, progress=False)
+    assert len(index["shards"]) == 2  # --flush-seconds 0: a shard after every batch
+    assert all(s["generation"] == {"max_new_tokens": 6, "max_prompt_tokens": 512, "temperature": 0.0,
+                                   "target": "tiny"} for s in index["shards"])
+    for change, message in ((dict(max_new_tokens=7), "--max-new-tokens 6, not 7"),
+                            (dict(temperature=0.5), "--temperature 0.0, not 0.5"),
+                            (dict(max_prompt_tokens=64), "--max-prompt-tokens 512, not 64")):
+        with pytest.raises(SpecdecError, match=message):
+            generate_data(model, tokenizer, "tiny", [str(prompts)], out, **{"max_new_tokens": 6, **change})
+    with pytest.raises(SpecdecError, match="--model tiny, not other"):
+        generate_data(model, tokenizer, "other", [str(prompts)], out, max_new_tokens=6)
+    # the CLI refuses before it loads a model (there is no model called `tiny` to load)
+    result = CliRunner().invoke(main, ["data", "generate", "--prompts", str(prompts), "--out", str(out),
+                                       "--model", "tiny", "--max-new-tokens", "9"])
+    assert result.exit_code == 2 and "generated with --max-new-tokens 6, not 9" in result.output
+    assert len(DataDir(out).read_index()["shards"]) == 2
+    bad = CliRunner().invoke(main, ["data", "generate", "--prompts", str(prompts), "--out", str(out),
+                                    "--flush-seconds", "-1"])
+    assert bad.exit_code == 2 and "--flush-seconds" in bad.output
+
+
+def test_output_folders_holding_other_files_are_refused(tiny_setup, tmp_path):
+    root, model_dir, data_dir = tiny_setup
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w10 w11"}\n')
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    absent = str(tmp_path / "no-model")  # reaching the model load means the folder was accepted
+    gen = ["data", "generate", "--prompts", str(prompts), "--out", str(mine), "--model", absent]
+    train = ["train", "--proposer", "dflash", "--data", data_dir, "--out", str(mine), "--model", absent,
+             "--opt", "mask_token_id=4", "--steps", "1"]
+    for args in (gen, train):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and "holds files specdec did not write" in result.output
+        assert "--overwrite" in result.output and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    result = CliRunner().invoke(main, train + ["--resume"])
+    assert result.exit_code == 2 and "Nothing to resume" in result.output
+    for args in (gen, train):
+        result = CliRunner().invoke(main, args + ["--overwrite"])
+        assert result.exit_code == 2 and "Model folder" in result.output, result.output
+    assert (mine / "notes.txt").read_text() == "keep me"
+    result = CliRunner().invoke(main, train[:-4] + ["--warmup-ratio", "1.5"])
+    assert result.exit_code == 2 and "--warmup-ratio 1.5" in result.output
+    # a damaged index in a specdec data folder is a sentence, not a traceback
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / ".specdec-owner").write_text("written by specdec data generate\n")
+    (tmp_path / "damaged" / "index.json").write_text('{"format": 2, "shar')
+    result = CliRunner().invoke(main, gen[:5] + [str(tmp_path / "damaged"), "--model", absent])
+    assert result.exit_code == 2 and "index.json is not valid JSON" in result.output
+
+
+def test_a_second_writer_is_refused(tmp_path):
+    from specdec.training.data import folder_lock, generate_data
+
+    model, tokenizer = _generating_model(), tiny_tokenizer()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w10 w11"}\n')
+    out = tmp_path / "data"
+    generate_data(model, tokenizer, "tiny", [str(prompts)], out, max_new_tokens=3, progress=False)
+    with folder_lock(out, "data generate"):
+        with pytest.raises(SpecdecError, match="Another `specdec data generate` is writing into"):
+            generate_data(model, tokenizer, "tiny", [str(prompts)], out, max_new_tokens=3, progress=False)
+    index = generate_data(model, tokenizer, "tiny", [str(prompts)], out, max_new_tokens=3, progress=False)
+    assert len(index["shards"]) == 1
+
+
+def test_a_checkpoint_killed_mid_swap_is_repaired(tmp_path):
+    """A kill between the two renames of the draft swap leaves no draft/; opening the run puts the previous
+    draft back (it matches the trainer state) and removes staging folders and temporary files."""
+    from specdec.training.trainer import prepare_run_dir
+
+    run = tmp_path / "run"
+    (run / ".draft-old").mkdir(parents=True)
+    (run / ".draft-old" / "config.json").write_text("{}")
+    (run / ".draft-k3j2").mkdir()
+    (run / ".trainer_state.safetensors.abc.tmp").write_text("half")
+    (run / "trainer_state.json").write_text("{}")
+    (run / "trainer_state.safetensors").write_text("")
+    prepare_run_dir(run, resume=True)
+    assert sorted(p.name for p in run.iterdir()) == [".specdec-owner", "draft", "trainer_state.json",
+                                                     "trainer_state.safetensors"]
+    assert (run / "draft" / "config.json").is_file()
+    with pytest.raises(SpecdecError, match="already holds a training run; pass --resume"):
+        prepare_run_dir(run, resume=False, overwrite=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 
 import click
 
@@ -19,7 +20,8 @@ def data() -> None:
 @data.command("generate")
 @click.option("--prompts", "prompt_paths", multiple=True, required=True,
               help="JSONL prompt file or folder of them (`prompt` or `turns` field); repeatable.")
-@click.option("--out", "out_dir", required=True, help="Data directory (created; resumed when it exists).")
+@click.option("--out", "out_dir", required=True,
+              help="Data directory (created; resumed when it exists, with the same generation settings).")
 @click.option("--model", "-m", default=None, help="Target (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--batch-size", default=16, show_default=True, type=int)
@@ -28,12 +30,16 @@ def data() -> None:
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy responses.")
 @click.option("--limit", default=None, type=int, help="Use only the first N prompts (after a seeded shuffle).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Shuffle seed for the prompt order.")
+@click.option("--flush-seconds", default=60.0, show_default=True, type=float,
+              help="Write finished sequences to disk at least this often (and on Ctrl-C or SIGTERM).")
+@click.option("--overwrite", is_flag=True,
+              help="Write into an --out folder that holds other files (specdec replaces only the files it writes).")
 @user_errors
 def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_tokens, max_prompt_tokens, temperature,
-                  limit, seed) -> None:
-    """Regenerate responses with the target for every prompt (resumable: done ids are skipped)."""
+                  limit, seed, flush_seconds, overwrite) -> None:
+    """Regenerate responses with the target for every prompt (resumable: done prompts are skipped)."""
     from .. import loading
-    from .data import generate_data, read_prompts
+    from .data import Interrupted, generate_data, generation_settings, prepare_data_dir, read_prompts
 
     files: list[str] = []
     for path in prompt_paths:
@@ -42,12 +48,23 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
         read_prompts(file)  # every file validated before the model loads
     if batch_size < 1 or max_new_tokens < 1:
         raise SpecdecError("--batch-size and --max-new-tokens must be at least 1.")
+    if not flush_seconds >= 0:
+        raise SpecdecError(f"--flush-seconds {flush_seconds} is not 0 or more; give the seconds between writes "
+                           "(0: after every batch).")
+    model_name = model or loading.EMBEDDED_NAME
+    # the folder and a resume's settings are checked before the model loads
+    prepare_data_dir(out_dir, generation_settings(max_new_tokens, max_prompt_tokens, temperature, model_name),
+                     overwrite)
     device = loading.resolve_device(None)
     hf_model, tokenizer = loading.load_model(model, loading.resolve_dtype(dtype, device), device)
     tokenizer.padding_side = "left"
-    index = generate_data(hf_model, tokenizer, model or loading.EMBEDDED_NAME, files, out_dir,
-                          max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size,
-                          temperature=temperature, limit=limit, shuffle_seed=seed)
+    try:
+        index = generate_data(hf_model, tokenizer, model_name, files, out_dir, max_new_tokens=max_new_tokens,
+                              max_prompt_tokens=max_prompt_tokens, batch_size=batch_size, temperature=temperature,
+                              limit=limit, shuffle_seed=seed, flush_seconds=flush_seconds, overwrite=overwrite)
+    except Interrupted as stop:
+        click.echo(stop.message, err=True)
+        sys.exit(stop.exit_code)
     total = sum(s["num_response_tokens"] for s in index["shards"])
     click.echo(f"{out_dir}: {sum(len(s['ids']) for s in index['shards'])} sequences, {total} response tokens")
 
@@ -75,11 +92,14 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
 @click.option("--cache", default="auto", show_default=True,
               help="The frozen target's KV cache and forward: auto, native or dynamic (see `specdec run --help`).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
+@click.option("--overwrite", is_flag=True,
+              help="Start a run in an --out folder that holds other files (specdec replaces only the files it "
+                   "writes).")
 @click.option("--no-progress", is_flag=True, help="Print one JSON line per checkpoint instead of a progress bar.")
 @user_errors
 def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_ratio, sequences_per_step,
           sequences_per_forward, max_sequence_length, save_every, eval_every, eval_prompts, max_minutes, seed,
-          dtype, cache, resume, no_progress) -> None:
+          dtype, cache, resume, overwrite, no_progress) -> None:
     """Train a draft for PROPOSER on target-regenerated data (works under torchrun for DDP)."""
     import torch
     from pydantic import ValidationError
@@ -88,8 +108,8 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     from ..api import resolve_cache
     from ..plugins import get_objective_class, get_proposer_class
     from ..target import TargetModel
-    from .data import DataDir
-    from .trainer import TrainSettings
+    from .data import DataDir, Interrupted
+    from .trainer import TrainSettings, prepare_run_dir
     from .trainer import train as run_training
 
     get_proposer_class(proposer)
@@ -106,7 +126,12 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     if min(steps, sequences_per_step, sequences_per_forward, save_every) < 1:
         raise SpecdecError("--steps, --sequences-per-step, --sequences-per-forward and --save-every must be at "
                            "least 1.")
+    if not 0 <= warmup_ratio <= 1:
+        raise SpecdecError(f"--warmup-ratio {warmup_ratio} is outside 0..1; give the share of the steps that warm "
+                           "up, e.g. 0.04.")
     DataDir(data_dir).read_index()
+    run = os.path.abspath(run_dir)
+    prepare_run_dir(run, resume, overwrite, writer=int(os.environ.get("RANK", "0")) == 0)
     settings = TrainSettings(steps=steps, lr=lr, warmup_ratio=warmup_ratio, sequences_per_step=sequences_per_step,
                              sequences_per_forward=sequences_per_forward,
                              max_sequence_length=max_sequence_length, save_every=save_every, eval_every=eval_every,
@@ -115,7 +140,6 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     hf_model, tokenizer = loading.load_model(model, loading.resolve_dtype(dtype, device), device)
     target = TargetModel(hf_model, tokenizer, cache=cache_choice)
-    run = os.path.abspath(run_dir)
     if resume and os.path.isdir(os.path.join(run, "draft")):
         # architecture (and draft vocabulary) from the run's own checkpoint, whatever --init said; weights
         # from its trainer state
@@ -123,8 +147,13 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
         config = config.for_resume()
     objective = objective_cls(config, target, init=init)
     command = "specdec train " + " ".join(os.sys.argv[2:]) if os.sys.argv[1:2] == ["train"] else None
-    state = run_training(objective, proposer, data_dir, run, settings, resume=resume, progress=not no_progress,
-                         extra_state={"command": command, "objective": config.model_dump(), "model": model})
+    try:
+        state = run_training(objective, proposer, data_dir, run, settings, resume=resume, progress=not no_progress,
+                             extra_state={"command": command, "objective": config.model_dump(), "model": model},
+                             overwrite=overwrite)
+    except Interrupted as stop:
+        click.echo(stop.message, err=True)
+        sys.exit(stop.exit_code)
     if int(os.environ.get("RANK", "0")) != 0:
         return  # rank 0 writes the run and reports it
     last = state["history"][-1] if state["history"] else {}

@@ -1,12 +1,35 @@
 """Target-regenerated training data: the target answers each prompt itself (the DFlash and EAGLE recipe).
 
-On-disk format of a data directory (all of it rewritten atomically, so an interrupted run resumes cleanly):
+On-disk format of a data directory (format 2; every file is written atomically, temporary file + rename, so
+an interrupted or killed run leaves the previous state whole and resumes cleanly):
 
-- ``index.json``: ``{"format": 1, "target": {"name_or_path", "vocab_size", "tokenizer_sha256"},
-  "generation": {...settings...}, "shards": [{"file", "ids", "num_tokens", "num_response_tokens"}]}``
+- ``index.json``: ``{"format": 2, "id_scheme": "sha256-prompt", "target": {"name_or_path", "vocab_size",
+  "tokenizer_sha256"}, "generation": {...settings...}, "shards": [{"file", "ids", "num_tokens",
+  "num_response_tokens", "generation": {"max_new_tokens", "max_prompt_tokens", "temperature", "target"}}]}``
 - ``shard-00000.safetensors``: ``tokens`` int32 [N] (every sequence, prompt then response, concatenated),
   ``loss_mask`` uint8 [N] (1 on response tokens, the closing EOS included), ``offsets`` int64 [S + 1]
   (sequence i is ``tokens[offsets[i]:offsets[i + 1]]``).
+- ``.specdec-owner`` (the folder is specdec's, see `specdec.files`) and ``.specdec-lock`` (held while a
+  `specdec data generate` writes, so a second one into the same folder is refused).
+
+Ids. An example's id is ``sha256:`` + the first 32 hex digits of the SHA-256 of its prompt text (UTF-8), so
+the same prompt text is the same example wherever it comes from (two files holding it give one example; the
+`id` field of a prompt line does not enter: the text alone decides what the target answers), and different
+prompts never share an id (two ``good.jsonl`` from different folders both land in the data). Format 1
+indexes (no ``id_scheme``) used ``<file stem>:<id field or line number>``; a resume over such an index keeps
+those old ids for the prompts it adds, so nothing is duplicated or lost (and the old collision of same-named
+files remains for that directory; generate into a new folder to get content ids). Readers (the trainer)
+read both formats.
+
+Settings. The generation settings that decide the data (``max_new_tokens``, ``max_prompt_tokens``,
+``temperature``, ``target``: the model's name or its folder's absolute path) are recorded in the index's
+``generation`` and in every shard; a resume with any of them different is refused with a sentence naming it.
+``prompt_files`` lists every prompt file any run used, ``shuffle_seed`` the first run's seed.
+
+Flushing. Finished sequences are written as a new shard every ``sequences_per_shard`` sequences, at the
+first finished batch ``flush_seconds`` after the previous shard, at the end, and when SIGINT or SIGTERM
+arrives (the batch in flight is dropped, everything finished is written, then `Interrupted` is raised; the
+CLI exits with 128 + the signal number). A SIGKILL loses at most what finished since the last shard.
 """
 
 from __future__ import annotations
@@ -15,25 +38,42 @@ import hashlib
 import json
 import os
 import random
+import signal
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ..errors import SpecdecError
+from ..files import OWNER_MARKER, atomic_save_file, atomic_write_json, claim_output_dir
 from ..jsonl import read_jsonl
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+ID_SCHEME = "sha256-prompt"
+LOCK_FILE = ".specdec-lock"
+SETTINGS = {"max_new_tokens": "--max-new-tokens", "max_prompt_tokens": "--max-prompt-tokens",
+            "temperature": "--temperature", "target": "--model"}
+
+
+def prompt_key(text: str) -> str:
+    """The content id of a prompt: the same text gives the same id, different texts different ids."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 @dataclass
 class PromptRecord:
-    id: str
+    id: str  # where it came from: "<file stem>:<id field or line number>" (the format 1 data id)
     text: str
+
+    @property
+    def key(self) -> str:
+        return prompt_key(self.text)
 
 
 def read_prompts(path: str | os.PathLike) -> list[PromptRecord]:
@@ -55,6 +95,104 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()
 
 
+def target_label(name: str) -> str:
+    """How the target is recorded among the settings: a local folder by its absolute path, else the name."""
+    return str(Path(name).resolve()) if os.path.isdir(name) else name
+
+
+def generation_settings(max_new_tokens: int, max_prompt_tokens: int, temperature: float, target: str) -> dict:
+    return {"max_new_tokens": int(max_new_tokens), "max_prompt_tokens": int(max_prompt_tokens),
+            "temperature": float(temperature), "target": target_label(target)}
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped a command after it saved what had finished; `message` says what was kept."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        super().__init__(message or signal.Signals(signum).name)
+        self.signum = signum
+        self.message = message
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # what a shell reports for a process the signal ended: 130, 143
+
+
+class InterruptGuard:
+    """While active (in the main thread), SIGINT and SIGTERM are caught instead of ending the process.
+
+    The first signal is recorded; inside `interruptible()` it raises `Interrupted` at once (to stop a long
+    computation whose result would be dropped anyway), elsewhere the owner polls `signum` or calls `check()`
+    at a point where its state is whole. A second signal raises KeyboardInterrupt at once (files are written
+    atomically, so even that leaves the last saved state intact).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.signum: int | None = None
+        self._interruptible = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> InterruptGuard:
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        if self._interruptible:
+            self._interruptible = False
+            raise Interrupted(signum)
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        self.check()
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+
+@contextmanager
+def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` (a `.specdec-lock` file) for one writing command at a time; the
+    operating system releases it when the process ends, however it ends."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no lock
+        yield
+        return
+    handle = open(Path(folder) / LOCK_FILE, "a")  # held open as long as the lock
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise SpecdecError(f"Another `specdec {command}` is writing into {folder}; wait for it to finish or "
+                               "choose another --out.") from None
+        yield
+    finally:
+        handle.close()
+
+
 class DataDir:
     """Reads and appends shards of a data directory."""
 
@@ -69,7 +207,19 @@ class DataDir:
         if not self.exists():
             raise SpecdecError(f"{self.path} is not a specdec data directory (no index.json); create it with "
                                "`specdec data generate`.")
-        return json.loads(self.index_file.read_text())
+        try:
+            index = json.loads(self.index_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+            raise SpecdecError(f"{self.index_file} is not valid JSON ({reason}); restore it or regenerate the data "
+                               "into a new folder.") from None
+        if not isinstance(index, dict) or not isinstance(index.get("shards"), list) or "target" not in index:
+            raise SpecdecError(f"{self.index_file} is not a specdec data index (no `target` and `shards`); point "
+                               "at a folder made by `specdec data generate`.")
+        if index.get("format", 1) > FORMAT_VERSION:
+            raise SpecdecError(f"{self.index_file} has format {index['format']}, newer than this specdec reads "
+                               f"({FORMAT_VERSION}); upgrade specdec.")
+        return index
 
     def check_target(self, tokenizer: Any) -> dict:
         index = self.read_index()
@@ -78,27 +228,48 @@ class DataDir:
                                f"({index['target']['name_or_path']}); regenerate it with this target.")
         return index
 
+    def check_settings(self, index: dict, settings: dict) -> None:
+        """Refuse to add data made with other settings than the ones the index records."""
+        recorded = dict(index.get("generation") or {})
+        if "target" not in recorded and index.get("target", {}).get("name_or_path") is not None:
+            recorded["target"] = index["target"]["name_or_path"]  # format 1: the target as it was given
+        for key, option in SETTINGS.items():
+            if key not in recorded or key not in settings:
+                continue
+            old, new = recorded[key], settings[key]
+            same = target_label(str(old)) == new if key == "target" else old == new
+            if not same:
+                raise SpecdecError(f"The data in {self.path} was generated with {option} {old}, not {new}; "
+                                   f"resume it with {option} {old}, or write the new data to another --out.")
+
     def done_ids(self) -> set[str]:
         if not self.exists():
             return set()
         return {i for shard in self.read_index()["shards"] for i in shard["ids"]}
 
     def write_index(self, index: dict) -> None:
-        tmp = self.index_file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(index))
-        os.replace(tmp, self.index_file)
+        atomic_write_json(self.index_file, index, indent=None)
 
-    def append_shard(self, index: dict, ids: list[str], sequences: list[tuple[list[int], list[int]]]) -> None:
+    def append_shard(self, index: dict, ids: list[str], sequences: list[tuple[list[int], list[int]]],
+                     generation: dict | None = None) -> None:
+        """Write the sequences as the next shard, then the index naming it (each file atomically: a kill in
+        between leaves a shard no index names, which the next shard replaces)."""
         tokens = torch.tensor([t for seq, _ in sequences for t in seq], dtype=torch.int32)
         mask = torch.tensor([m for _, ms in sequences for m in ms], dtype=torch.uint8)
         lengths = torch.tensor([0] + [len(seq) for seq, _ in sequences], dtype=torch.int64)
         name = f"shard-{len(index['shards']):05d}.safetensors"
-        tmp = self.path / (name + ".tmp")
-        save_file({"tokens": tokens, "loss_mask": mask, "offsets": lengths.cumsum(0)}, str(tmp))
-        os.replace(tmp, self.path / name)
-        index["shards"].append({"file": name, "ids": ids, "num_tokens": int(tokens.numel()),
-                                "num_response_tokens": int(mask.sum())})
+        atomic_save_file({"tokens": tokens, "loss_mask": mask, "offsets": lengths.cumsum(0)}, self.path / name)
+        entry = {"file": name, "ids": ids, "num_tokens": int(tokens.numel()), "num_response_tokens": int(mask.sum())}
+        if generation is not None:
+            entry["generation"] = dict(generation)
+        index["shards"].append(entry)
         self.write_index(index)
+
+    def remove_stale_temporaries(self) -> None:
+        """Temporary files a killed writer left behind (`specdec.files` names them `.<name>.<random>.tmp`)."""
+        for pattern in (".index.json.*.tmp", ".shard-*.safetensors.*.tmp"):
+            for stale in self.path.glob(pattern):
+                stale.unlink(missing_ok=True)
 
     def response_token_counts(self, vocab_size: int) -> torch.Tensor:
         """[vocab_size] long: how often each token occurs among the response tokens (loss mask 1)."""
@@ -114,6 +285,26 @@ class DataDir:
             offsets = data["offsets"].tolist()
             for a, b in zip(offsets[:-1], offsets[1:], strict=True):
                 yield data["tokens"][a:b].long(), data["loss_mask"][a:b].bool()
+
+
+def _is_data_index(file: Path) -> bool:
+    try:
+        index = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(index, dict) and isinstance(index.get("shards"), list) and "target" in index
+
+
+def prepare_data_dir(out_dir: str | os.PathLike, settings: dict, overwrite: bool = False) -> DataDir:
+    """Check `out_dir` before any work: a new or empty folder, or a data directory made with the same settings
+    (a resume), or (with `overwrite`) a folder holding other files; then claim it. Raises SpecdecError."""
+    data = DataDir(out_dir)
+    ours = (data.path / OWNER_MARKER).is_file() or _is_data_index(data.index_file)
+    if ours and data.exists():
+        data.check_settings(data.read_index(), settings)  # read_index: a damaged index is a sentence too
+    # a data directory from before the owner marker is specdec's too: claimed, not refused
+    claim_output_dir(data.path, "data generate", overwrite=overwrite or ours)
+    return data
 
 
 def encode_user_prompt(tokenizer: Any, text: str) -> list[int]:
@@ -139,30 +330,60 @@ def generate_data(
     shuffle_seed: int = 0,
     sequences_per_shard: int = 256,
     progress: bool = True,
+    flush_seconds: float = 60.0,
+    overwrite: bool = False,
 ) -> dict:
-    """Regenerate responses for every prompt not yet in `out_dir`; returns the index."""
+    """Regenerate responses for every prompt not yet in `out_dir`; returns the index.
+
+    Finished sequences reach the disk at least every `flush_seconds` (at the next finished batch) and when
+    SIGINT or SIGTERM arrives, after which `Interrupted` is raised (see the module docstring)."""
+    settings = generation_settings(max_new_tokens, max_prompt_tokens, temperature, model_name)
     records = [r for f in prompt_files for r in read_prompts(f)]
     random.Random(shuffle_seed).shuffle(records)  # mix sources so any prefix of the run is balanced
-    if limit is not None:
-        records = records[:limit]
-    data = DataDir(out_dir)
-    data.path.mkdir(parents=True, exist_ok=True)
-    if data.exists():
-        index = data.check_target(tokenizer)
-    else:
-        index = {"format": FORMAT_VERSION,
-                 "target": {"name_or_path": model_name, "vocab_size": len(tokenizer),
-                            "tokenizer_sha256": tokenizer_fingerprint(tokenizer)},
-                 "generation": {"max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-                                "temperature": temperature, "prompt_files": [str(f) for f in prompt_files],
-                                "shuffle_seed": shuffle_seed},
-                 "shards": []}
-        data.write_index(index)
-    done = data.done_ids()
-    todo = [r for r in records if r.id not in done]
+    data = prepare_data_dir(out_dir, settings, overwrite)
+    with folder_lock(data.path, "data generate"):
+        data.remove_stale_temporaries()
+        if data.exists() and _is_data_index(data.index_file):
+            index = data.check_target(tokenizer)
+            data.check_settings(index, settings)
+            files = index.setdefault("generation", {}).setdefault("prompt_files", [])
+            if any(str(f) not in files for f in prompt_files):
+                files.extend(str(f) for f in prompt_files if str(f) not in files)
+                data.write_index(index)
+        else:  # a new folder (or, with overwrite, one whose index.json was not specdec's)
+            index = {"format": FORMAT_VERSION, "id_scheme": ID_SCHEME,
+                     "target": {"name_or_path": model_name, "vocab_size": len(tokenizer),
+                                "tokenizer_sha256": tokenizer_fingerprint(tokenizer)},
+                     "generation": {**settings, "prompt_files": [str(f) for f in prompt_files],
+                                    "shuffle_seed": shuffle_seed},
+                     "shards": []}
+            data.write_index(index)
+        if index.get("id_scheme") == ID_SCHEME:
+            record_id = lambda r: r.key
+            unique: dict[str, PromptRecord] = {}
+            for r in records:  # one example per distinct prompt text
+                unique.setdefault(r.key, r)
+            records = list(unique.values())
+        else:  # a format 1 index: its own ids, so a resume neither repeats nor skips (module docstring)
+            record_id = lambda r: r.id
+        if limit is not None:
+            records = records[:limit]
+        done = {i for shard in index["shards"] for i in shard["ids"]}
+        todo = [r for r in records if record_id(r) not in done]
+        with InterruptGuard() as guard:
+            _generate(model, tokenizer, data, index, settings, todo, record_id, batch_size, temperature,
+                      sequences_per_shard, flush_seconds, progress, guard)
+    return index
+
+
+def _generate(model: Any, tokenizer: Any, data: DataDir, index: dict, settings: dict, todo: list[PromptRecord],
+              record_id: Any, batch_size: int, temperature: float, sequences_per_shard: int, flush_seconds: float,
+              progress: bool, guard: InterruptGuard) -> None:
+    max_new_tokens, max_prompt_tokens = settings["max_new_tokens"], settings["max_prompt_tokens"]
+    shard_settings = {key: settings[key] for key in SETTINGS}
     eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))
+    eos_ids = {e for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(sorted(eos_ids)), 0)
     device = model.get_input_embeddings().weight.device
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -172,40 +393,55 @@ def generate_data(
     pending_ids: list[str] = []
     pending: list[tuple[list[int], list[int]]] = []
     started, produced = time.perf_counter(), 0
-    with Progress(*columns, disable=not progress) as bar:
-        task = bar.add_task("generate", total=len(todo), tps=0.0)
-        # batch prompts of similar length together: less padding, less wasted compute
-        encoded = [(r, encode_user_prompt(tokenizer, r.text)) for r in todo]
-        encoded = [(r, ids) for r, ids in encoded if len(ids) <= max_prompt_tokens]
-        bar.update(task, total=len(encoded))
-        chunks = [encoded[i: i + batch_size * 8] for i in range(0, len(encoded), batch_size * 8)]
-        for chunk in chunks:
-            chunk.sort(key=lambda item: len(item[1]))
-            for b in range(0, len(chunk), batch_size):
-                batch = chunk[b: b + batch_size]
-                width = max(len(ids) for _, ids in batch)
-                input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-                attention = torch.zeros((len(batch), width), dtype=torch.long)
-                for row, (_, ids) in enumerate(batch):
-                    input_ids[row, width - len(ids):] = torch.tensor(ids)
-                    attention[row, width - len(ids):] = 1
-                kwargs = {"do_sample": temperature > 0, "max_new_tokens": max_new_tokens, "pad_token_id": pad}
-                if temperature > 0:
-                    kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-                out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs)
-                for row, (record, ids) in enumerate(batch):
-                    response = out[row, width:].tolist()
-                    for j, tok in enumerate(response):
-                        if tok in eos_ids:
-                            response = response[: j + 1]
-                            break
-                    pending_ids.append(record.id)
-                    pending.append((ids + response, [0] * len(ids) + [1] * len(response)))
-                    produced += len(response)
-                bar.update(task, advance=len(batch), tps=produced / (time.perf_counter() - started))
-                if len(pending) >= sequences_per_shard:
-                    data.append_shard(index, pending_ids, pending)
-                    pending_ids, pending = [], []
+    last_flush = time.monotonic()
+
+    def flush() -> None:
+        nonlocal pending_ids, pending, last_flush
         if pending:
-            data.append_shard(index, pending_ids, pending)
-    return index
+            data.append_shard(index, pending_ids, pending, generation=shard_settings)
+        pending_ids, pending = [], []
+        last_flush = time.monotonic()
+
+    try:
+        with Progress(*columns, disable=not progress) as bar:
+            task = bar.add_task("generate", total=len(todo), tps=0.0)
+            # batch prompts of similar length together: less padding, less wasted compute
+            encoded = [(r, encode_user_prompt(tokenizer, r.text)) for r in todo]
+            encoded = [(r, ids) for r, ids in encoded if len(ids) <= max_prompt_tokens]
+            bar.update(task, total=len(encoded))
+            chunks = [encoded[i: i + batch_size * 8] for i in range(0, len(encoded), batch_size * 8)]
+            for chunk in chunks:
+                chunk.sort(key=lambda item: len(item[1]))
+                for b in range(0, len(chunk), batch_size):
+                    batch = chunk[b: b + batch_size]
+                    width = max(len(ids) for _, ids in batch)
+                    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+                    attention = torch.zeros((len(batch), width), dtype=torch.long)
+                    for row, (_, ids) in enumerate(batch):
+                        input_ids[row, width - len(ids):] = torch.tensor(ids)
+                        attention[row, width - len(ids):] = 1
+                    kwargs = {"do_sample": temperature > 0, "max_new_tokens": max_new_tokens, "pad_token_id": pad}
+                    if temperature > 0:
+                        kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+                    with guard.interruptible():  # a signal here drops this batch and keeps the finished ones
+                        out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                                             **kwargs)
+                    for row, (record, ids) in enumerate(batch):
+                        response = out[row, width:].tolist()
+                        for j, tok in enumerate(response):
+                            if tok in eos_ids:
+                                response = response[: j + 1]
+                                break
+                        pending_ids.append(record_id(record))
+                        pending.append((ids + response, [0] * len(ids) + [1] * len(response)))
+                        produced += len(response)
+                    bar.update(task, advance=len(batch), tps=produced / (time.perf_counter() - started))
+                    if len(pending) >= sequences_per_shard or time.monotonic() - last_flush >= flush_seconds:
+                        flush()
+                    guard.check()
+            flush()
+    except Interrupted as stop:
+        flush()  # everything that finished before the signal
+        kept = sum(len(s["ids"]) for s in index["shards"])
+        raise Interrupted(stop.signum, f"interrupted by {stop.signal_name}: {kept} finished sequences are saved in "
+                                       f"{data.path}; run the same command again to resume.") from None

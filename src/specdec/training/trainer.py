@@ -2,19 +2,31 @@
 
 A run directory holds:
 - ``draft/``: the latest draft in its proposer's checkpoint format (loadable with ``--draft``);
-- ``trainer_state.safetensors``: float32 master weights and AdamW moments (no pickle anywhere);
-- ``trainer_state.json``: step, epoch, position in the epoch, settings and the metrics history.
+- ``trainer_state.safetensors``: float32 master weights, AdamW moments and the anchor sampler's random state
+  (no pickle anywhere), with the trainer state below in its metadata (``trainer_state``), so one file holds
+  a whole, consistent checkpoint;
+- ``trainer_state.json``: step, epoch, position in the epoch, settings, the metrics history and the last
+  steps' metrics (the progress average), for people and tools; a resume reads the copy in the safetensors;
+- ``.specdec-owner`` and ``.specdec-lock`` (specdec.files; the lock keeps a second run out of the folder).
+Every file is written atomically (the draft into a staging folder renamed into place; a kill between the
+two renames is repaired when the run is next opened), so a run killed at any moment resumes from its last
+checkpoint, and a resumed run ends with the same weights and history as one never stopped. SIGINT or
+SIGTERM ends the current step, saves a checkpoint (without a history record) and raises `Interrupted`.
+A run folder that holds files specdec did not write is refused unless `overwrite`.
 Under ``torchrun`` every rank trains on its own slice of each epoch, gradients are all-reduced, and rank 0
-writes the checkpoints.
+writes the checkpoints (signals are then left to torchrun).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import random
+import shutil
+import signal
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -22,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
 
 from ..errors import SpecdecError
-from .data import DataDir
+from ..files import atomic_save_file, atomic_write_json, claim_output_dir
+from .data import DataDir, Interrupted, InterruptGuard, folder_lock
 from .objective import TrainingObjective
 
 
@@ -51,15 +65,18 @@ class TrainSettings:
 
 def lr_at(step: int, settings: TrainSettings, elapsed_seconds: float = 0.0) -> float:
     """Linear warmup then cosine decay. With a time budget (`max_minutes`) the schedule runs over whichever
-    ends first, the steps or the time, so a run cut short by its budget still ends at the low learning rate."""
+    ends first, the steps or the time, so a run cut short by its budget still ends at the low learning rate.
+
+    Never above `settings.lr`: a run shorter than one warm-up step (steps < 1 / warmup_ratio) used to start
+    at 1 / (steps * warmup_ratio) times the peak; the warm-up fraction is now capped at 1."""
     progress = step / settings.steps
     if settings.max_minutes:
         progress = max(progress, elapsed_seconds / (60 * settings.max_minutes))
     if progress < settings.warmup_ratio:
-        return settings.lr * max(progress, 1 / settings.steps) / settings.warmup_ratio
+        return settings.lr * min(1.0, max(progress, 1 / settings.steps) / settings.warmup_ratio)
     decay = min(1.0, (progress - settings.warmup_ratio) / max(1e-9, 1 - settings.warmup_ratio))
     floor = settings.min_lr_ratio
-    return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * decay)))
+    return min(settings.lr, settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * decay))))
 
 
 def _held_out(sequence_id: str, fraction: float) -> bool:
@@ -106,26 +123,87 @@ def _load_state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimize
         state[field] = value.reshape(()) if field == "step" else value.to(p.device)
 
 
-def save_checkpoint(run_dir: Path, objective: TrainingObjective, optimizer, state: dict) -> None:
+def _has_run(run: Path) -> bool:
+    return (run / "trainer_state.json").is_file() or (run / "trainer_state.safetensors").is_file()
+
+
+def _tidy_run_dir(run: Path) -> None:
+    """Repair what a kill during `save_checkpoint` left: the draft swap half done, staging folders, temporaries."""
+    final, old = run / "draft", run / ".draft-old"
+    if old.is_dir():
+        if final.is_dir():
+            shutil.rmtree(old)
+        else:  # killed between the two renames: the previous draft, which matches the trainer state, returns
+            os.replace(old, final)
+    for stale in run.glob(".draft-*"):
+        if stale.is_dir():
+            shutil.rmtree(stale)
+    for stale in run.glob(".trainer_state.*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def prepare_run_dir(run_dir: str | os.PathLike, resume: bool, overwrite: bool = False, writer: bool = True) -> Path:
+    """Check the run folder before any work and claim it: `resume` needs a specdec run there; a fresh run needs
+    a new or empty folder, or one holding other files with `overwrite` (a folder holding a run is refused
+    either way: resume it or choose another --out). `writer` (rank 0) claims and repairs; other ranks check."""
+    run = Path(run_dir)
+    if run.exists() and not run.is_dir():
+        raise SpecdecError(f"--out {run} is a file, not a folder; choose a folder path.")
+    has_run = run.is_dir() and _has_run(run)
+    if resume and not has_run:
+        raise SpecdecError(f"Nothing to resume in {run} (no trainer_state.json); drop --resume to start afresh.")
+    if not resume and has_run:
+        raise SpecdecError(f"{run} already holds a training run; pass --resume to continue it or choose another "
+                           "--out.")
+    if writer:
+        claim_output_dir(run, "train", overwrite=overwrite or has_run)  # a run from before the marker is ours
+        _tidy_run_dir(run)
+    return run
+
+
+def save_checkpoint(run_dir: Path, objective: TrainingObjective, optimizer, state: dict,
+                    generator: torch.Generator | None = None) -> None:
+    """The draft, then the tensors with the state in their metadata (the checkpoint a resume reads), then the
+    state as JSON; each atomically."""
     run_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=run_dir, prefix=".draft-"))
     objective.save_draft(staging)
     final = run_dir / "draft"
     if final.exists():
         old = run_dir / ".draft-old"
+        if old.exists():
+            shutil.rmtree(old)
         os.replace(final, old)
         os.replace(staging, final)
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
+        shutil.rmtree(old)
     else:
         os.replace(staging, final)
-    tmp = run_dir / "trainer_state.safetensors.tmp"
-    save_file(_state_tensors(objective.module, optimizer), str(tmp))
-    os.replace(tmp, run_dir / "trainer_state.safetensors")
-    tmp_json = run_dir / "trainer_state.json.tmp"
-    tmp_json.write_text(json.dumps(state, indent=1))
-    os.replace(tmp_json, run_dir / "trainer_state.json")
+    tensors = _state_tensors(objective.module, optimizer)
+    if generator is not None:
+        tensors["rng/generator"] = generator.get_state()
+    atomic_save_file(tensors, run_dir / "trainer_state.safetensors", metadata={"trainer_state": json.dumps(state)})
+    atomic_write_json(run_dir / "trainer_state.json", state, indent=1)
+
+
+def load_checkpoint(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(trainer state, tensors) of the run's last checkpoint, or a sentence if it cannot be read."""
+    tensors_file = run / "trainer_state.safetensors"
+    if not tensors_file.is_file():
+        raise SpecdecError(f"{run} has no trainer_state.safetensors, so it cannot be resumed; start afresh in "
+                           "another --out.")
+    try:
+        with safe_open(str(tensors_file), "pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(tensors_file)
+        if "trainer_state" in metadata:
+            saved = json.loads(metadata["trainer_state"])
+        else:  # written before the state moved into the metadata
+            saved = json.loads((run / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, SafetensorError, ValueError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise SpecdecError(f"The checkpoint in {run} cannot be read ({reason}); start afresh in another "
+                           "--out.") from None
+    return saved, tensors
 
 
 def evaluate_acceptance(objective: TrainingObjective, proposer_name: str, prompts: list[torch.Tensor],
@@ -157,8 +235,10 @@ def evaluate_acceptance(objective: TrainingObjective, proposer_name: str, prompt
 
 def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.PathLike, run_dir: str | os.PathLike,
           settings: TrainSettings, resume: bool = False, progress: bool = True,
-          extra_state: dict[str, Any] | None = None) -> dict:
-    """Train `objective.module` on the sequences of `data_dir`; returns the final trainer state."""
+          extra_state: dict[str, Any] | None = None, overwrite: bool = False) -> dict:
+    """Train `objective.module` on the sequences of `data_dir`; returns the final trainer state.
+
+    SIGINT or SIGTERM (outside torchrun) finishes the current step, saves it and raises `Interrupted`."""
     run = Path(run_dir)
     data = DataDir(data_dir)
     if objective.target.tokenizer is not None:
@@ -175,6 +255,20 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
             owns_group = True
         rank, world = dist.get_rank(), dist.get_world_size()
+    prepare_run_dir(run, resume, overwrite, writer=rank == 0)
+    with folder_lock(run, "train") if rank == 0 else _no_lock():
+        return _train(objective, proposer_name, data, data_dir, run, settings, resume, progress, extra_state,
+                      distributed, rank, world, owns_group)
+
+
+@contextlib.contextmanager
+def _no_lock():
+    yield
+
+
+def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data_dir: str | os.PathLike, run: Path,
+           settings: TrainSettings, resume: bool, progress: bool, extra_state: dict[str, Any] | None,
+           distributed: bool, rank: int, world: int, owns_group: bool) -> dict:
     objective.use_data(data)
     params = [p for p in objective.module.parameters() if p.requires_grad]
     if distributed:  # every rank starts from rank 0's weights
@@ -184,15 +278,12 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
     state: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "elapsed": 0.0, "history": [],
                              "settings": asdict(settings),
                              "proposer": proposer_name, "data_dir": str(data_dir), **(extra_state or {})}
+    tensors: dict[str, torch.Tensor] = {}
     if resume:
-        state_file = run / "trainer_state.json"
-        if not state_file.is_file():
-            raise SpecdecError(f"Nothing to resume in {run} (no trainer_state.json); drop --resume to start afresh.")
-        saved = json.loads(state_file.read_text())
-        _load_state_tensors(objective.module, optimizer, load_file(run / "trainer_state.safetensors"))
-        state.update({k: saved[k] for k in ("step", "epoch", "position", "elapsed", "history")})
-    elif (run / "trainer_state.json").exists():
-        raise SpecdecError(f"{run} already holds a training run; pass --resume to continue it or choose another --out.")
+        saved, tensors = load_checkpoint(run)
+        _load_state_tensors(objective.module, optimizer, tensors)
+        state.update({k: saved[k] for k in ("step", "epoch", "position", "elapsed", "history", "window")
+                      if k in saved})
 
     train_set, held_out = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
     if not train_set:
@@ -200,9 +291,11 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
     eval_prompts = [tokens[~mask.bool()] if (~mask.bool()).any() else tokens[:1] for tokens, mask in
                     held_out[: settings.eval_prompts]]
     generator = torch.Generator().manual_seed(settings.seed + 7919 * state["epoch"] + rank)
+    if "rng/generator" in tensors and rank == 0:  # the anchors a never-stopped run would draw next (rank 0's)
+        generator.set_state(tensors["rng/generator"])
     started = time.perf_counter()
     elapsed_before = state["elapsed"]
-    window: list[dict[str, float]] = []
+    window: list[dict[str, float]] = list(state.pop("window", []))  # the progress average spans a resume
     tokens_seen = 0
 
     def epoch_order(epoch: int) -> list[int]:
@@ -215,7 +308,8 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
 
     columns = [TextColumn("[bold]train"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
                TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
-    with Progress(*columns, disable=not progress or rank != 0) as bar:
+    guard = InterruptGuard(enabled=not distributed)
+    with guard, Progress(*columns, disable=not progress or rank != 0) as bar:
         task = bar.add_task("train", total=settings.steps, completed=state["step"], info="")
         while state["step"] < settings.steps:
             state["elapsed"] = elapsed_before + time.perf_counter() - started
@@ -250,6 +344,7 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
             summary = {k: sum(m[k] for m in metrics) / len(metrics) for k in metrics[0]}
             summary.update(step=state["step"], lr=optimizer.param_groups[0]["lr"], grad_norm=grad_norm)
             window.append(summary)
+            del window[:-20]
             rate = tokens_seen / (time.perf_counter() - started)
             last = window[-20:]
             avg = {k: sum(m[k] for m in last) / len(last) for k in ("loss", "accuracy")}
@@ -260,18 +355,25 @@ def train(objective: TrainingObjective, proposer_name: str, data_dir: str | os.P
             state["elapsed"] = elapsed_before + time.perf_counter() - started
             out_of_time = settings.max_minutes is not None and state["elapsed"] > 60 * settings.max_minutes
             done = state["step"] >= settings.steps or out_of_time
-            if rank == 0 and (state["step"] % settings.save_every == 0 or done):
+            saved_now = rank == 0 and (state["step"] % settings.save_every == 0 or done)
+            if saved_now:
                 record = {"step": state["step"], "epoch": state["epoch"], **avg, "tokens_per_second": rate,
                           "elapsed_seconds": state["elapsed"], "lr": summary["lr"]}
                 if done or (settings.eval_every and state["step"] % settings.eval_every == 0):
                     record["acceptance"] = evaluate_acceptance(objective, proposer_name, eval_prompts,
                                                                settings.eval_max_new_tokens)
                 state["history"].append(record)
-                save_checkpoint(run, objective, optimizer, state)
+                save_checkpoint(run, objective, optimizer, {**state, "window": window}, generator)
                 if not progress:
                     print(json.dumps(record), flush=True)
             if out_of_time:
                 break
+            if guard.signum is not None and not done:
+                if not saved_now:  # a checkpoint of this step, with no history record: a resume goes on unchanged
+                    save_checkpoint(run, objective, optimizer, {**state, "window": window}, generator)
+                raise Interrupted(guard.signum, f"interrupted by {signal.Signals(guard.signum).name} at step "
+                                                f"{state['step']}: the run in {run} is saved; continue it "
+                                                "with --resume.")
     if distributed:  # rank 0 may still be evaluating and saving: no rank tears the group down before it ends
         torch.distributed.barrier()
         if owns_group:
