@@ -319,3 +319,208 @@ def test_export(tmp_path, fmt):
         assert cfg["transformer_layer_config"]["num_hidden_layers"] == 2
         assert cfg["speculators_config"]["verifier"]["name_or_path"] == "tiny/target"
         assert load_vocab(tmp_path / "out", VOCAB) is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Every config.json field honoured or refused (issue 25), before any weights load.
+# ---------------------------------------------------------------------------------------------------------
+def set_config(folder, update=None, dflash=None, drop=()):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(update or {})
+    cfg["dflash_config"].update(dflash or {})
+    for key in drop:
+        cfg.pop(key, None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return cfg
+
+
+def test_every_field_of_zlabs_published_layout_is_read_or_inert(tmp_path, target):
+    """z-lab's published configs carry what transformers writes for a Qwen3 config: token ids, dtype,
+    initializer_range, use_cache, full_attention layer_types, max_window_layers, a null rope_scaling."""
+    folder = write_draft(tmp_path, seed=5)
+    cfg = set_config(folder, {
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "bos_token_id": 1, "eos_token_id": 2, "dtype": "bfloat16",
+        "initializer_range": 0.02, "layer_types": ["full_attention", "full_attention"], "max_window_layers": 2,
+        "rope_scaling": None, "sliding_window": None, "use_sliding_window": False, "transformers_version": "4.57.1",
+        "use_cache": True, "pad_token_id": None, "attention_dropout": 0.0, "tie_word_embeddings": False})
+    assert load_draft(folder).config.layer_types == ["full_attention", "full_attention"]
+    out = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder)).generate_ids(
+        [3, 4, 5], max_new_tokens=12)
+    assert out.token_ids == plain_greedy(target, [3, 4, 5], 12)
+    # transformers 5 writes the RoPE base in rope_parameters
+    set_config(folder, {"rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}, drop=("rope_theta",))
+    assert load_draft(folder).config.rope_theta == 5000.0
+    assert cfg["hidden_act"] == "silu"
+
+
+def test_no_window_when_use_sliding_window_is_false(tmp_path):
+    folder = write_draft(tmp_path, seed=5)
+    set_config(folder, {"sliding_window": 4, "use_sliding_window": False})
+    assert load_draft(folder).config.sliding_window is None  # as transformers' Qwen3 config reads it
+
+
+def corrupt_weights(folder):
+    """Weights that cannot be read: a refusal that names a config field came before any weights load."""
+    (folder / "model.safetensors").write_bytes(b"not safetensors")
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["top-level", "dflash_config"])
+@pytest.mark.parametrize("field,value", [("output_multiplier", 0.196), ("final_logit_softcapping", 20.0),
+                                         ("input_embedding_scale", 2.0), ("is_causal", True),
+                                         ("layer_types", ["sliding_attention", "full_attention"])])
+def test_fields_of_newer_dflash_drafts_are_refused_by_name(tmp_path, field, value, inside):
+    folder = write_draft(tmp_path, seed=5)
+    set_config(folder, dflash={field: value}) if inside else set_config(folder, {field: value})
+    corrupt_weights(folder)
+    with pytest.raises(SpecdecError) as info:
+        load_draft(folder)
+    message = str(info.value)
+    assert field in message and "does not implement" in message and "use a draft without it" in message, message
+
+
+def test_newer_fields_asking_for_what_specdec_computes_are_accepted(tmp_path):
+    folder = write_draft(tmp_path, seed=5)
+    reference = load_draft(folder)
+    set_config(folder, {"output_multiplier": 1.0, "is_causal": False,
+                        "layer_types": ["full_attention", "full_attention"]},
+               dflash={"input_embedding_scale": 1, "final_logit_softcapping": None})
+    model = load_draft(folder)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in reference.state_dict().items())
+
+
+@pytest.mark.parametrize("update,dflash,message", [
+    ({"hidden_act": "gelu"}, {}, "hidden_act to 'gelu', but specdec's DFlash draft implements only 'silu'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, {}, "rope_scaling to .*yarn.*plain RoPE"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, {}, "rope_parameters"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}, {},
+     "rope_parameters"),
+    ({"attention_bias": True}, {}, "attention_bias to true"),
+    ({"some_new_knob": 3}, {}, "some_new_knob to 3, a field specdec's DFlash draft neither reads nor knows"),
+    ({}, {"conv_kernel_size": 2}, "dflash_config.conv_kernel_size"),
+    ({"architectures": ["DFlash2DraftModel"]}, {}, "DFlash2DraftModel, a newer kind of DFlash draft"),
+    ({"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}, {}, "max_window_layers to 1"),
+])
+def test_settings_the_draft_does_not_implement_are_refused_before_weights_load(tmp_path, target, update, dflash,
+                                                                              message):
+    folder = write_draft(tmp_path, seed=5)
+    set_config(folder, update, dflash)
+    corrupt_weights(folder)
+    with pytest.raises(SpecdecError, match=message):
+        SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder))
+
+
+def test_a_dflash2_checkpoint_of_real_size_is_refused_at_once(tmp_path):
+    """The layout of z-lab's DFlash2 fixture (hidden 6656, 5 layers), config only: refused by its architecture,
+    in well under a second, with no weights to read."""
+    cfg = {"architectures": ["DFlash2DraftModel"], "attention_bias": False, "is_causal": False,
+           "dflash_config": {"block_size": 16, "conv_group_size": 16, "conv_kernel_size": 2,
+                             "final_logit_softcapping": 20.0, "mask_token_id": 201818, "output_multiplier": 0.196,
+                             "selector_rank": 256, "selector_top_k": 16, "target_layer_ids": [1, 13, 25, 37, 49]},
+           "head_dim": 128, "hidden_act": "silu", "hidden_size": 6656, "intermediate_size": 19968,
+           "layer_types": ["sliding_attention"] * 5, "max_position_embeddings": 131072, "max_window_layers": 5,
+           "model_type": "qwen3", "num_attention_heads": 32, "num_hidden_layers": 5, "num_key_value_heads": 8,
+           "num_target_layers": 52, "rms_norm_eps": 1e-05,
+           "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "sliding_window": 2048,
+           "use_sliding_window": True, "vocab_size": 202048}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(SpecdecError, match="DFlash2DraftModel"):
+        load_draft(tmp_path)
+    assert time.perf_counter() - start < 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `specdec export` never destroys or mixes (issue 25).
+# ---------------------------------------------------------------------------------------------------------
+def run_export(*args):
+    from click.testing import CliRunner
+
+    from specdec.cli import main
+
+    return CliRunner().invoke(main, ["export", *map(str, args)])
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def assert_one_error(result, *words):
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_export_never_writes_into_the_draft_it_reads(tmp_path):
+    folder = write_draft(tmp_path / "src", seed=9)
+    save_vocab(torch.tensor([1, 5, 9]), folder)
+    before = snapshot(folder)
+    for out in (folder, folder / "sub", tmp_path):  # the folder, one inside it, one holding it
+        for extra in ([], ["--overwrite"]):
+            assert_one_error(run_export("--draft", folder, "--format", "zlab", "--out", out, *extra),
+                             "is the draft folder", "choose a folder outside it")
+    assert snapshot(folder) == before and not (folder / "sub").exists()
+
+
+def test_export_into_a_folder_holding_other_files_needs_overwrite_and_leaves_no_stale_draft(tmp_path):
+    folder = write_draft(tmp_path / "src", seed=9)  # no draft vocabulary
+    out = tmp_path / "out"
+    write_draft(out, seed=10)  # someone's draft, with its vocabulary, model card, notes and a second weights file
+    save_vocab(torch.tensor([1, 2]), out)
+    (out / "README.md").write_text("old model card\n")
+    (out / "notes.txt").write_text("mine\n")
+    save_file({"fc.weight": torch.zeros(2, 2)}, str(out / "zz-extra.safetensors"))
+    before = snapshot(out)
+    assert_one_error(run_export("--draft", folder, "--format", "zlab", "--out", out), "--overwrite",
+                     "specdec did not write")
+    assert snapshot(out) == before
+    result = run_export("--draft", folder, "--format", "zlab", "--out", out, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert (out / "notes.txt").read_text() == "mine\n"  # not a draft file: left alone
+    assert sorted(p.name for p in out.iterdir()) == [".specdec-owner", "config.json", "model.safetensors",
+                                                      "notes.txt"]
+    assert load_vocab(out, VOCAB) is None  # the old vocabulary does not apply to the new draft
+    exported, source = load_draft(out), load_draft(folder)
+    for name, value in source.state_dict().items():
+        assert torch.equal(exported.state_dict()[name], value.to(torch.bfloat16).float()), name
+
+
+def test_a_second_export_replaces_the_first_entirely(tmp_path):
+    first = write_draft(tmp_path / "a", seed=9)
+    save_vocab(torch.tensor([1, 5, 9]), first)
+    second = write_draft(tmp_path / "b", seed=10)  # no draft vocabulary
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    assert run_export("--draft", first, "--format", "zlab", "--out", out).exit_code == 0
+    assert load_vocab(out, VOCAB).tolist() == [1, 5, 9]
+    result = run_export("--draft", second, "--format", "zlab", "--out", out)  # a previous export: no --overwrite
+    assert result.exit_code == 0, result.output
+    assert run_export("--draft", second, "--format", "zlab", "--out", fresh).exit_code == 0
+    assert snapshot(out) == snapshot(fresh)  # exactly what an export into a new folder holds: nothing stale
+    assert sorted(p.name for p in out.iterdir()) == [".specdec-owner", "config.json", "model.safetensors"]
+    # another format over it: the zlab export's files go too
+    assert run_export("--draft", first, "--format", "speculators", "--out", out).exit_code == 0
+    assert load_vocab(out, VOCAB) is None
+    assert json.loads((out / "config.json").read_text())["speculators_model_type"] == "dflash"
+
+
+def test_export_refuses_a_folder_another_command_wrote(tmp_path):
+    from specdec.files import claim_output_dir
+
+    folder = write_draft(tmp_path / "src", seed=9)
+    out = claim_output_dir(tmp_path / "run", "train")
+    (out / "trainer_state.json").write_text("{}\n")
+    assert_one_error(run_export("--draft", folder, "--format", "zlab", "--out", out), "another specdec command",
+                     "--overwrite")
+    assert not (out / "config.json").exists()
+    assert run_export("--draft", folder, "--format", "zlab", "--out", out, "--overwrite").exit_code == 0
+    assert (out / "trainer_state.json").read_text() == "{}\n"
+
+
+def test_a_draft_that_cannot_be_read_leaves_out_alone(tmp_path):
+    folder = write_draft(tmp_path / "src", seed=9)
+    set_config(folder, {"hidden_act": "gelu"})
+    assert_one_error(run_export("--draft", folder, "--format", "zlab", "--out", tmp_path / "out"), "hidden_act")
+    assert not (tmp_path / "out").exists()

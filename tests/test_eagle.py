@@ -338,3 +338,64 @@ def test_init_from_a_draft_for_another_target_is_refused(tiny_setup, tmp_path):
     target = TargetModel(tiny_model("llama", seed=4), tiny_tokenizer())
     with pytest.raises(SpecdecError, match="hidden size 64"):
         Eagle3Objective(Eagle3Objective.Config(), target, init=tmp_path / "wide")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Every config.json field honoured or refused (issue 25), before any weights load.
+# ---------------------------------------------------------------------------------------------------------
+def test_every_field_of_specforges_layout_is_read_or_inert(tmp_path):
+    """SpecForge's configs (e.g. its qwen3-8b-eagle3.json) carry what transformers writes for a Llama config:
+    token ids, initializer_range, use_cache, pretraining_tp, a null rope_scaling, no window."""
+    save_draft(random_draft(8), tmp_path, dtype=torch.float64)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.update({"attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+                "initializer_range": 0.02, "max_window_layers": 36, "rope_scaling": None, "sliding_window": None,
+                "use_sliding_window": False, "transformers_version": "4.51.0", "use_cache": True, "pretraining_tp": 1,
+                "mlp_bias": False, "torch_dtype": "bfloat16", "model_type": "llama", "norm_before_residual": False})
+    raw["eagle_config"]["use_aux_hidden_state"] = True
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    model = tiny_model("llama", seed=0)
+    decoder = SpeculativeDecoder.from_model(model, proposer="eagle3", draft=str(tmp_path))
+    assert decoder.generate_ids([5, 6, 7], max_new_tokens=12).token_ids == plain_greedy(model, [5, 6, 7], 12)
+
+
+@pytest.mark.parametrize("update,message", [
+    ({"hidden_act": "gelu"}, "hidden_act to 'gelu', but specdec's EAGLE-3 draft implements only 'silu'"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_parameters to .*yarn"),
+    ({"attention_bias": True}, "attention_bias to true"),
+    ({"mlp_bias": True}, "mlp_bias to true"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4], "use_aux_hidden_state": False}},
+     "eagle_config.use_aux_hidden_state to false"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4], "something_else": 1}},
+     "eagle_config.something_else"),
+    ({"target_hidden_size": 64}, "target_hidden_size to 64 but hidden_size to 32"),
+    ({"sliding_window": 8}, "sliding_window to 8"),
+    ({"some_new_knob": "on"}, "some_new_knob to 'on', a field specdec's EAGLE-3 draft neither reads nor knows"),
+])
+def test_eagle3_settings_the_draft_does_not_implement_are_refused_before_weights_load(tmp_path, update, message):
+    save_draft(random_draft(8), tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, **update}))
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors")  # never read: the config is refused first
+    target = TargetModel(tiny_model("llama", seed=0))
+    with pytest.raises(SpecdecError, match=message):
+        _proposer(target, str(tmp_path))
+
+
+def test_pruning_each_depth_to_what_can_be_verified_changes_no_tree(eagle_dirs):
+    """The dynamic tree keeps max(tree_size, tree_width) nodes per depth; keeping every node gives the same
+    drafts (here 5 x 5 = 25 children per depth, 6 kept)."""
+    model = tiny_model("llama", seed=0)
+    options = dict(tree_size=6, tree_width=5, num_tokens=5)
+    drafts = {}
+    for keep_all in (False, True):
+        decoder = SpeculativeDecoder.from_model(model, proposer="eagle3", draft=eagle_dirs[0], **options)
+        decoder.engine.greedy_verifier = AcceptAtRandom(seed=3)  # varied accepted lengths, the same in both runs
+        if keep_all:
+            decoder.proposer._kept_per_depth = lambda width: 10**9
+        propose, seen = decoder.proposer.propose, []
+        decoder.proposer.propose = lambda state, propose=propose, seen=seen: seen.append(d := propose(state)) or d
+        for prompt in ([5], [7, 8, 9, 10, 7, 8, 9]):
+            decoder.generate_ids(prompt, max_new_tokens=20)
+        drafts[keep_all] = [(d.tokens.tolist(), d.parents) for d in seen]
+    assert len(drafts[False]) > 5 and drafts[False] == drafts[True]

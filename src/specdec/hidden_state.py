@@ -11,17 +11,16 @@ stays in its plugin: each architecture reads top to bottom in its own model file
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import torch
 from pydantic import Field, ValidationError
-from safetensors.torch import save_file
 
 from .contracts import DecodeState, Proposer, ProposerConfig, Target, TargetOutput, Verdict
 from .errors import SpecdecError
+from .files import atomic_save_file, atomic_write_json
 from .loading import EMBEDDED_NAME
 
 ConfigT = TypeVar("ConfigT")
@@ -58,6 +57,84 @@ def read_config_json(folder: Path, kind: str) -> dict[str, Any]:
         return json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
         raise SpecdecError(f"{config_file} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+
+
+class Setting(NamedTuple):
+    """A config.json field that changes the draft's numbers, of which the draft implements some values."""
+
+    accepts: Callable[[Any], bool]  # whether the draft computes what this value asks for (None: never asked)
+    implemented: str  # the value(s) it implements, in words ("'silu'")
+    newer: bool = False  # a field of newer drafts of this kind, which this specdec does not implement
+
+
+#: Fields a Hugging Face config.json may hold that never change what a draft computes at inference: bookkeeping
+#: (`architectures` is checked by each plugin for the kind of draft it names; the dtype is specdec's --dtype);
+#: special token ids (the target's tokenizer decides); `use_cache` (specdec keeps its own caches);
+#: `initializer_range` and `attention_dropout` (training only: dropout is off at inference); `pretraining_tp`
+#: (Llama: splits a matmul into slices whose sum is the same product); `auto_map` (names remote code, which
+#: specdec never runs).
+INERT_FIELDS = frozenset({
+    "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "attention_dropout",
+    "pretraining_tp", "auto_map",
+})
+
+
+def _plain_rope(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("rope_type", value.get("type", "default")) == "default" and \
+        set(value) <= {"rope_type", "type", "rope_theta"}
+
+
+#: Fields that change the numbers of every draft specdec implements (a Llama/Qwen decoder layer with plain
+#: RoPE, SiLU MLP and no biases): values it does not implement are refused.
+SETTINGS = {
+    "hidden_act": Setting(lambda v: v in ("silu", "swish"), "'silu'"),
+    "attention_bias": Setting(lambda v: v is False, "false"),
+    "mlp_bias": Setting(lambda v: v is False, "false"),
+    "rope_scaling": Setting(_plain_rope, "plain RoPE (rope_type 'default', no scaling)"),
+    "rope_parameters": Setting(_plain_rope, "plain RoPE (rope_type 'default', no scaling)"),
+}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list, bool)) or value is None else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_config_fields(config_file: Path, kind: str, raw: Mapping[str, Any], read: Collection[str],
+                        settings: Mapping[str, Setting] | None = None,
+                        nested: Mapping[str, tuple[Collection[str], Mapping[str, Setting]]] | None = None,
+                        prefix: str = "") -> None:
+    """Every field of a draft's config.json (`raw`) is honoured or refused, never ignored: read by the draft's
+    config (`read`), known to be inert (INERT_FIELDS), or a setting (SETTINGS and the plugin's `settings`) whose
+    value the draft implements; anything else is refused with one sentence naming the field and its value,
+    before any weights load. `nested` holds the fields of a sub-object ("dflash_config": (read, settings))."""
+    known = {**SETTINGS, **(settings or {})}
+    for key, value in raw.items():
+        name = prefix + key
+        if key in (nested or {}) and isinstance(value, dict):
+            inner_read, inner_settings = nested[key]
+            check_config_fields(config_file, kind, value, inner_read, {**(settings or {}), **inner_settings},
+                                prefix=f"{name}.")
+        elif key in known:
+            setting = known[key]
+            if value is not None and not setting.accepts(value):
+                if setting.newer:
+                    raise SpecdecError(f"{config_file} sets {name} to {_shown(value)}, a setting of newer "
+                                       f"{kind}s that this specdec does not implement (only {setting.implemented}); "
+                                       "use a draft without it.")
+                raise SpecdecError(f"{config_file} sets {name} to {_shown(value)}, but specdec's {kind} implements "
+                                   f"only {setting.implemented}; use a draft trained with that.")
+        elif key not in read and key not in INERT_FIELDS:
+            raise SpecdecError(f"{config_file} sets {name} to {_shown(value)}, a field specdec's {kind} neither "
+                               "reads nor knows to leave the draft's numbers alone; use a draft without it (or "
+                               "delete the field if you know it is inert).")
+
+
+def sliding_window_of(raw: Mapping[str, Any]) -> int | None:
+    """The sliding window a Qwen-style config.json asks for: `sliding_window`, unless `use_sliding_window` is
+    false (transformers' Qwen configs then set no window)."""
+    return None if raw.get("use_sliding_window") is False else raw.get("sliding_window")
 
 
 def parse_config(config_file: Path, raw: dict[str, Any], parse: Callable[[dict[str, Any]], ConfigT]) -> ConfigT:
@@ -97,13 +174,10 @@ def check_vocabulary_fits(kind: str, draft_vocab: int | None, target_vocab: int,
 
 
 def write_checkpoint(folder: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
-    """config.json + model.safetensors in `folder`; the weights go through a temporary file, so an
-    interrupted save never leaves a truncated model.safetensors."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    """model.safetensors, then config.json, in `folder`, each written atomically (specdec.files): an
+    interrupted save never leaves a truncated file, and config.json, which makes the folder a draft, comes last."""
+    atomic_save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    atomic_write_json(folder / "config.json", config)
     return folder
 
 
@@ -137,6 +211,7 @@ class HiddenStateProposer(Proposer):
 
     def __init__(self, config: Config, target: Target) -> None:
         super().__init__(config, target)
+        self.check_sizes(target.max_context)
         if config.draft is None and not self.has_shipped_draft():
             raise SpecdecError(f"Proposer '{self.name}' needs a draft checkpoint; pass --draft PATH (or --opt "
                                "draft=PATH).")
@@ -158,6 +233,11 @@ class HiddenStateProposer(Proposer):
     @classmethod
     def has_shipped_draft(cls) -> bool:
         return holds_draft(cls.shipped_draft)
+
+    def check_sizes(self, max_context: int) -> None:
+        """Refuse, before anything loads, a size-like option whose draft would not fit one verification forward
+        of a target with this context window (specdec.limits.check_draft_sizes); the Config's static bounds
+        were checked when the options were parsed."""
 
     def read_draft_config(self, folder: Path) -> TapsConfig:  # pragma: no cover - interface
         """The config in `folder`, each problem with it as one sentence."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from itertools import count
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -15,6 +15,16 @@ from torch import nn
 from specdec import DecodeState, Draft, tree
 from specdec.errors import SpecdecError
 from specdec.hidden_state import HiddenStateProposer, holds_draft
+from specdec.limits import (
+    MAX_NGRAM,
+    MAX_VERIFY_TOKENS,
+    NGRAM_WHY,
+    VERIFY_WHY,
+    at_most,
+    check_at_most,
+    check_draft_sizes,
+    verify_capacity,
+)
 from specdec.lookup import NgramIndex
 from specdec.prepacked import route_through_packed
 from specdec.sampling import logits_to_probs
@@ -34,6 +44,21 @@ LOOKUP_TOKENS = 10
 
 #: continuations looked up after each argmax-chain prefix (`lookup_after`)
 SEEDED_LOOKUP_CANDIDATES = 2
+
+#: draft tokens one `lookup_after` prefix may add to a tree: its continuations, each up to LOOKUP_TOKENS long
+SEEDED_LOOKUP_TOKENS = SEEDED_LOOKUP_CANDIDATES * LOOKUP_TOKENS
+
+
+def block_why(limit: int) -> str:
+    """Why a block is at most `limit` + 1 positions (completes specdec.limits.too_large)."""
+    return f"as a block drafts block_size - 1 tokens and one verification forward may hold at most {limit}"
+
+
+def lookup_after_why(limit: int) -> str:
+    """Why lookup_after is at most limit // SEEDED_LOOKUP_TOKENS."""
+    return (f"as each seeded prefix adds up to {SEEDED_LOOKUP_TOKENS} draft tokens ({SEEDED_LOOKUP_CANDIDATES} "
+            f"continuations of {LOOKUP_TOKENS}) and one verification forward may hold at most {limit}")
+
 
 #: the draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
@@ -70,24 +95,29 @@ class DFlashProposer(HiddenStateProposer):
 
     class Config(HiddenStateProposer.Config):
         draft: str | None = Field(None, description="DFlash checkpoint folder (default: the shipped SmolLM2 draft)")
-        block_size: int | None = Field(None, ge=2, description="block size, at most the trained one")
+        block_size: Annotated[int | None, at_most(MAX_VERIFY_TOKENS + 1, block_why(MAX_VERIFY_TOKENS))] = Field(
+            None, ge=2, description=f"block size, at most the trained one (and {MAX_VERIFY_TOKENS + 1})")
         drafting: Literal["sample", "greedy"] = Field(
             "sample", description="at temperature > 0: draft the chain from the draft's own distribution and pass "
             "it to the verifier (sample), or draft argmax tokens as point masses, as z-lab's reference does, and "
             "as a tree when tree_size > 0 (greedy)")
-        lookup: int = Field(1, ge=0, description="0 = off; N >= 1: when the last N to max(N, 3) tokens occurred "
-                            "earlier in prompt + output, also verify what followed them (prompt lookup, up to 3 "
-                            "continuations with a tree, else one instead of running the draft)")
-        tree_size: int = Field(16, ge=0, description="N >= 1: verify the N draft tokens likeliest to be accepted "
-                               "as a tree: the chain and runner-ups at each slot followed by the rest of the chain "
-                               "(greedy decoding, or drafting=greedy); 0 = the draft's argmax chain, as the paper")
+        lookup: Annotated[int, at_most(MAX_NGRAM, NGRAM_WHY)] = Field(
+            1, ge=0, description=f"0 = off; N >= 1 (at most {MAX_NGRAM}): when the last N to max(N, 3) tokens "
+            "occurred earlier in prompt + output, also verify what followed them (prompt lookup, up to 3 "
+            "continuations with a tree, else one instead of running the draft)")
+        tree_size: Annotated[int, at_most(MAX_VERIFY_TOKENS, VERIFY_WHY)] = Field(
+            16, ge=0, description=f"N >= 1 (at most {MAX_VERIFY_TOKENS}): verify the N draft tokens likeliest to be "
+            "accepted as a tree: the chain and runner-ups at each slot followed by the rest of the chain (greedy "
+            "decoding, or drafting=greedy); 0 = the draft's argmax chain, as the paper")
         expansion: Literal["chain", "best_first"] = Field(
             "chain", description="which paths a tree may hold: the chain, or a runner-up at one slot followed by "
             "the rest of the chain (chain); or any path through each slot's 5 likeliest tokens, expanded best "
             "first (best_first, EAGLE-2's expansion)")
-        lookup_after: int = Field(0, ge=0, description="N >= 1, trees with lookup only: also look up what "
-                                  "followed earlier occurrences of the context extended by the draft's first 1..N "
-                                  "argmax tokens (prompt lookup seeded by the draft); 0 = off")
+        lookup_after: Annotated[int, at_most(MAX_VERIFY_TOKENS // SEEDED_LOOKUP_TOKENS,
+                                             lookup_after_why(MAX_VERIFY_TOKENS))] = Field(
+            0, ge=0, description=f"N >= 1 (at most {MAX_VERIFY_TOKENS // SEEDED_LOOKUP_TOKENS}), trees with lookup "
+            "only: also look up what followed earlier occurrences of the context extended by the draft's first "
+            "1..N argmax tokens (prompt lookup seeded by the draft); 0 = off")
         vocab: Literal["draft", "full"] = Field(
             "draft", description="score the draft's reduced vocabulary (draft_vocab.json, when the checkpoint has "
             "one) or the target's whole vocabulary (full)")
@@ -99,12 +129,23 @@ class DFlashProposer(HiddenStateProposer):
     def read_draft_config(self, folder: Path) -> DFlashConfig:
         return read_config(folder)
 
+    def check_sizes(self, max_context: int) -> None:
+        config, limit = self.config, verify_capacity(max_context)
+        check_draft_sizes(self.name, max_context, tree_size=config.tree_size)
+        check_at_most(self.name, "block_size", config.block_size, limit + 1, block_why(limit))
+        check_at_most(self.name, "lookup_after", config.lookup_after, limit // SEEDED_LOOKUP_TOKENS,
+                      lookup_after_why(limit))
+
     def load(self, folder: Path, draft_config: DFlashConfig) -> None:
         config, target = self.config, self.target
         block_size = config.block_size or draft_config.block_size
         if block_size > draft_config.block_size:
             raise SpecdecError(f"block_size {block_size} is larger than the {draft_config.block_size} the draft "
                                f"{folder} was trained with; use --opt block_size={draft_config.block_size} or less.")
+        limit = verify_capacity(target.max_context)
+        if block_size > limit + 1:  # the trained block, where no option asks for less (the option was checked)
+            raise SpecdecError(f"The DFlash draft {folder} was trained with block_size {block_size}, more than "
+                               f"{limit + 1}, {block_why(limit)}; pass --opt block_size={limit + 1} or less.")
         self.model = load_draft(folder, dtype=target.dtype, device=target.device)
         self.block_size = block_size
         vocab_ids = load_vocab(folder, target.vocab_size) if config.vocab == "draft" else None

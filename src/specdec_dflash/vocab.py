@@ -21,6 +21,7 @@ import torch
 
 from specdec.draft_vocab import head_rows, head_rows_linear, label_map, most_frequent
 from specdec.errors import SpecdecError
+from specdec.files import atomic_write_json
 
 __all__ = ["VOCAB_FILE", "head_rows", "head_rows_linear", "label_map", "load_vocab", "most_frequent",
            "save_vocab"]
@@ -29,10 +30,8 @@ VOCAB_FILE = "draft_vocab.json"
 
 
 def save_vocab(token_ids: torch.Tensor, folder: str | os.PathLike, source: str = "") -> None:
-    path = Path(folder) / VOCAB_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"token_ids": token_ids.tolist(), "source": source}) + "\n")
-    os.replace(tmp, path)
+    """Write draft_vocab.json in `folder`, atomically (specdec.files)."""
+    atomic_write_json(Path(folder) / VOCAB_FILE, {"token_ids": token_ids.tolist(), "source": source}, indent=None)
 
 
 def load_vocab(folder: str | os.PathLike, vocab_size: int) -> torch.Tensor | None:

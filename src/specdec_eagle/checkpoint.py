@@ -13,10 +13,13 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.hidden_state import (
+    Setting,
+    check_config_fields,
     check_taps_fit,
     check_vocabulary_fits,
     parse_config,
     read_config_json,
+    sliding_window_of,
     write_checkpoint,
 )
 from specdec.weights import check_tensors, read_safetensors
@@ -30,16 +33,49 @@ KIND = "EAGLE-3 draft"
 TARGET_OWNED = ("embed_tokens.weight", "model.embed_tokens.weight")
 
 
+#: What an EAGLE-3 config.json may hold besides Eagle3Config's own fields and specdec.hidden_state.INERT_FIELDS:
+#: the layout's own keys, read by Eagle3Config.from_checkpoint_json or checked in read_config
+#: (`num_hidden_layers`, `target_hidden_size`, the window fields); `tie_word_embeddings` (inert: the draft's head
+#: is read from its own lm_head weights, whatever the flag says, and its embeddings are the target's).
+LAYOUT_FIELDS = frozenset({"num_hidden_layers", "eagle_config", "eagle_aux_hidden_state_layer_ids",
+                           "target_hidden_size", "tie_word_embeddings", "sliding_window", "use_sliding_window",
+                           "max_window_layers"})
+
+#: `eagle_config` keys that specdec reads
+EAGLE_CONFIG_FIELDS = frozenset({"eagle_aux_hidden_state_layer_ids"})
+
+#: settings of EAGLE-3 checkpoints that change the numbers, of which specdec implements one value each
+SETTINGS = {
+    # vLLM's option of norming the fused feature before the residual; EAGLE-3's reference keeps it un-normed
+    "norm_before_residual": Setting(lambda v: v is False, "norm_before_residual false (the residual is the "
+                                    "un-normed feature, as in EAGLE-3's reference)"),
+    # false would make the draft read only the target's last hidden state (EAGLE-1 style)
+    "use_aux_hidden_state": Setting(lambda v: v is True, "use_aux_hidden_state true (three target layers fused)"),
+}
+
+
 def read_config(path: str | os.PathLike) -> Eagle3Config:
+    """The draft's config; a field it does not honour is refused, before any weights load."""
     folder = Path(path)
     raw = read_config_json(folder, KIND)
+    config_file = folder / "config.json"
     if "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or []):
         raise SpecdecError(f"{folder} holds a DFlash draft, not an EAGLE-3 one; use --proposer dflash.")
     layers = raw.get("num_hidden_layers", 1)
     if layers != 1:
-        raise SpecdecError(f"{folder / 'config.json'} describes {layers} draft layers; an EAGLE-3 draft has exactly "
+        raise SpecdecError(f"{config_file} describes {layers} draft layers; an EAGLE-3 draft has exactly "
                            "one (is this a DFlash draft? use --proposer dflash).")
-    return parse_config(folder / "config.json", raw, Eagle3Config.from_checkpoint_json)
+    check_config_fields(config_file, KIND, raw, set(Eagle3Config.model_fields) | LAYOUT_FIELDS, SETTINGS,
+                        nested={"eagle_config": (EAGLE_CONFIG_FIELDS, {})})
+    if sliding_window_of(raw) is not None:
+        raise SpecdecError(f"{config_file} sets sliding_window to {raw['sliding_window']}, but specdec's EAGLE-3 "
+                           "draft attends over the whole context; use a draft without a sliding window.")
+    target_hidden = raw.get("target_hidden_size")
+    if target_hidden is not None and target_hidden != raw.get("hidden_size"):
+        raise SpecdecError(f"{config_file} sets target_hidden_size to {target_hidden} but hidden_size to "
+                           f"{raw.get('hidden_size')}; specdec's EAGLE-3 draft reads target states as wide as its own, "
+                           "so use a draft whose two sizes agree.")
+    return parse_config(config_file, raw, Eagle3Config.from_checkpoint_json)
 
 
 def check_against_target(config: Eagle3Config, target_hidden: int, target_layers: int, vocab_size: int,

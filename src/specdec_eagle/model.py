@@ -71,14 +71,8 @@ class Eagle3Config(BaseModel):
 
     @classmethod
     def from_checkpoint_json(cls, raw: dict) -> Eagle3Config:
-        """Read SpecForge's / vLLM's config.json; settings this draft does not implement are refused."""
-        for key in ("rope_scaling", "rope_parameters"):
-            rope = raw.get(key) or {}
-            if rope.get("rope_type", rope.get("type", "default")) != "default":
-                raise ValueError(f"{key} {rope} is not supported by specdec's EAGLE-3 draft (plain RoPE only)")
-        if raw.get("norm_before_residual"):
-            raise ValueError("norm_before_residual is not supported by specdec's EAGLE-3 draft (the residual is the "
-                             "un-normed feature, as in EAGLE-3's reference)")
+        """Read SpecForge's / vLLM's config.json, whose fields specdec_eagle.checkpoint.read_config has checked
+        (each one read here, known to be inert, or set to a value this draft implements)."""
         flat = {k: v for k, v in raw.items() if k not in ("eagle_config", "auto_map")}
         eagle = raw.get("eagle_config") or {}
         aux = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))

@@ -4,13 +4,14 @@ chain or as a dynamic tree (EAGLE-2's expansion)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field
 
 from specdec import DecodeState, Draft, tree
 from specdec.hidden_state import HiddenStateProposer, holds_draft
+from specdec.limits import MAX_VERIFY_TOKENS, VERIFY_WHY, at_most, check_draft_sizes
 from specdec.prepacked import route_through_packed
 from specdec.sampling import logits_to_probs
 
@@ -34,14 +35,25 @@ class Eagle3Proposer(HiddenStateProposer):
     class Config(HiddenStateProposer.Config):
         draft: str | None = Field(None, description="EAGLE-3 checkpoint folder (default: the shipped SmolLM2 "
                                   "draft, when this package ships one)")
-        num_tokens: int = Field(6, ge=1, description="draft forwards per step: the chain's length, the tree's depth")
-        tree_size: int = Field(16, ge=0, description="N >= 1: verify the N likeliest draft tokens as a tree "
-                               "(EAGLE-2's dynamic tree; greedy decoding, or drafting=greedy); 0 = a chain")
-        tree_width: int = Field(4, ge=1, description="tree: nodes expanded per depth and children kept per node")
+        # each at most MAX_VERIFY_TOKENS: a chain or tree deeper than one verification forward holds, a tree of
+        # more nodes, or a tree_width beyond it (at most tree_size nodes of one depth, or children of one node,
+        # are verified) cannot be verified
+        num_tokens: Annotated[int, at_most(MAX_VERIFY_TOKENS, VERIFY_WHY)] = Field(
+            6, ge=1, description="draft forwards per step: the chain's length, the tree's depth")
+        tree_size: Annotated[int, at_most(MAX_VERIFY_TOKENS, VERIFY_WHY)] = Field(
+            16, ge=0, description="N >= 1: verify the N likeliest draft tokens as a tree (EAGLE-2's dynamic tree; "
+            "greedy decoding, or drafting=greedy); 0 = a chain")
+        tree_width: Annotated[int, at_most(MAX_VERIFY_TOKENS, VERIFY_WHY)] = Field(
+            4, ge=1, description="tree: nodes expanded per depth and children kept per node")
         drafting: Literal["sample", "greedy"] = Field(
             "sample", description="at temperature > 0: draft the chain from the draft's own distribution and "
             "pass it to the verifier (sample), or draft argmax tokens as point masses, a tree when tree_size > 0 "
             "(greedy)")
+
+    def check_sizes(self, max_context: int) -> None:
+        config = self.config
+        check_draft_sizes(self.name, max_context, num_tokens=config.num_tokens, tree_size=config.tree_size,
+                          tree_width=config.tree_width)
 
     def read_draft_config(self, folder: Path) -> Eagle3Config:
         return read_config_for(folder, self.target.num_layers)  # taps the checkpoint leaves out: the target's
@@ -101,7 +113,9 @@ class Eagle3Proposer(HiddenStateProposer):
         """EAGLE-2's dynamic tree: at each depth the `tree_width` likeliest nodes (by the product of draft
         probabilities along their path) are read by the draft in one forward, each keeping its
         `tree_width` likeliest children; finally the `tree_size` likeliest nodes of all are verified.
-        A node's estimate never exceeds its parent's, so the chosen nodes form a tree."""
+        A node's estimate never exceeds its parent's, so the chosen nodes form a tree. Each depth keeps only
+        its likeliest `_kept_per_depth` nodes, which changes nothing (see `best_children`) and keeps a wide
+        tree's work per depth at tree_width^2 numbers rather than as many Python paths."""
         width = min(self.config.tree_width, self.vocab_ids.numel())
         committed = self.cache.length()
         # nodes: (log estimate, path of target ids from the root)
@@ -133,12 +147,38 @@ class Eagle3Proposer(HiddenStateProposer):
                 features[tuple(path)] = out[0, row]
             logq = self.model.logits(out)[0].float().log_softmax(-1)  # [n, V']
             top = logq.topk(width, dim=-1)
-            children = self.vocab_ids[top.indices].tolist()
-            frontier = [(value + child_value, path + [child])
-                        for (value, path), child_values, child_ids in zip(expand, top.values.tolist(), children,
-                                                                           strict=True)
-                        for child_value, child in zip(child_values, child_ids, strict=True)]
+            frontier = best_children(expand, top.values, self.vocab_ids[top.indices], self._kept_per_depth(width))
             nodes.extend(frontier)
         nodes.sort(key=lambda node: (-node[0], len(node[1])))  # a parent before its children, even on ties
         tokens, parents = tree.from_paths([path for _, path in nodes[: self.config.tree_size]])
         return Draft(tokens=torch.tensor([tokens], device=feature.device), parents=parents)
+
+    def _kept_per_depth(self, width: int) -> int:
+        """How many nodes of one depth `_tree` keeps: the `tree_size` that can be verified, and at least the
+        `width` that are expanded."""
+        return max(self.config.tree_size, width)
+
+
+Node = tuple[float, list[int]]  # (log estimate: the sum of draft log-probabilities along the path, target ids)
+
+
+def best_children(expand: list[Node], values: torch.Tensor, ids: torch.Tensor, keep: int) -> list[Node]:
+    """The children of the nodes `expand` (child log-probabilities `values` and target ids `ids`, [n, w]), in
+    row-major order, keeping only the `keep` likeliest (among equal estimates, the earlier).
+
+    Dropping the others changes no tree: a dropped child has `keep` >= tree_size siblings-or-cousins of its
+    depth ranked before it (by estimate, then order, as the final selection ranks them), so it is never among
+    the tree_size nodes verified; its descendants' estimates are no larger, so neither are they; and the next
+    depth expands the `width` <= keep likeliest. The sums are float64, as Python's were."""
+    n, w = values.shape
+    if n * w <= keep:  # nothing to drop (the default tree): plain Python is faster for a few nodes
+        return [(value + child_value, path + [child])
+                for (value, path), child_values, child_ids in zip(expand, values.tolist(), ids.tolist(), strict=True)
+                for child_value, child in zip(child_values, child_ids, strict=True)]
+    parents = torch.tensor([value for value, _ in expand], dtype=torch.float64)
+    estimates = (parents.unsqueeze(1) + values.detach().double().cpu()).flatten()  # [n * w], row-major
+    chosen = torch.sort(-estimates, stable=True).indices[:keep].sort().values  # back in row-major order
+    flat_ids = ids.flatten().cpu()
+    return [(estimate, expand[index // w][1] + [child])
+            for estimate, index, child in zip(estimates[chosen].tolist(), chosen.tolist(), flat_ids[chosen].tolist(),
+                                              strict=True)]

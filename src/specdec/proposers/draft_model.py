@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from pydantic import Field
 
 from ..contracts import DecodeState, Draft, Proposer, ProposerConfig
 from ..errors import SpecdecError
+from ..limits import MAX_VERIFY_TOKENS, VERIFY_WHY, at_most, check_draft_sizes
 from ..sampling import logits_to_probs
 from ..target import TargetModel
 
@@ -17,12 +20,14 @@ class DraftModelProposer(Proposer):
 
     class Config(ProposerConfig):
         draft: str = Field(..., description="path or hub id of the draft causal LM")
-        num_tokens: int = Field(4, ge=1, description="tokens drafted per step")
+        num_tokens: Annotated[int, at_most(MAX_VERIFY_TOKENS, VERIFY_WHY)] = Field(
+            4, ge=1, description=f"tokens drafted per step (at most {MAX_VERIFY_TOKENS})")
 
     def __init__(self, config: Config, target: TargetModel) -> None:
         from .. import loading
 
         super().__init__(config, target)
+        check_draft_sizes(self.name, target.max_context, num_tokens=config.num_tokens)  # before the draft loads
         model, tokenizer = loading.load_model(config.draft, dtype=target.dtype, device=target.device)
         check_same_vocabulary(target, model, tokenizer, config.draft)
         self.draft = TargetModel(model, tokenizer)
