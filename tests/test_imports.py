@@ -7,6 +7,7 @@ under `if TYPE_CHECKING:`): a lazy import hides a circle from Python, not from a
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,16 @@ import pytest
 import specdec
 
 SRC = Path(specdec.__file__).resolve().parent.parent
-PLUGIN_PACKAGES = ("specdec_dflash", "specdec_eagle")  # and any later plugin: see _is_plugin
 NOT_PLUGINS = ("specdec", "specdec_kernels")  # the core and its kernels package
+
+
+def _plugin_packages() -> set[str]:
+    """Top-level packages of every installed `specdec` entry point (this project's own among them)."""
+    values = [ep.value for ep in importlib.metadata.entry_points(group="specdec")]
+    return {value.split(":")[0].split(".")[0] for value in values} - set(NOT_PLUGINS)
+
+
+PLUGIN_PACKAGES = _plugin_packages()
 
 
 def _module_name(path: Path) -> str:
@@ -30,10 +39,18 @@ def _core_modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The modules `name` imports: for `from X import y`, X.y when that is a module, else X."""
+    """The modules `name` imports: for `from X import y`, X.y when that is a module, else X; the string given to
+    importlib.import_module or __import__; and the packages of what it imports from outside its own package
+    (importing a.b.c first runs a.b's __init__), up to but not including the top `specdec` package."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called in ("import_module", "__import__"):
+                found.add(node.args[0].value)
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -46,11 +63,16 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             for alias in node.names:
                 submodule = f"{source}.{alias.name}"
                 found.add(submodule if submodule in modules else source)
+    for module in list(found):
+        parent = module.rpartition(".")[0]
+        while "." in parent and not (package + ".").startswith(parent + "."):
+            found.add(parent)
+            parent = parent.rpartition(".")[0]
     return found
 
 
 def _is_plugin(module: str) -> bool:
-    top = module.split(".")[0]
+    top = module.split(".")[0]  # an entry point's package, or any later specdec_* plugin not installed here
     return top in PLUGIN_PACKAGES or (top.startswith("specdec_") and top not in NOT_PLUGINS)
 
 
@@ -106,6 +128,7 @@ def test_the_checks_can_fail():
     assert "specdec.contracts" in graph and "specdec.target" in graph
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "os"}, "b": set()}) is None
+    assert {"specdec_dflash", "specdec_eagle"} <= PLUGIN_PACKAGES
     assert _is_plugin("specdec_dflash.export") and _is_plugin("specdec_dflash2")
     assert not _is_plugin("specdec_kernels") and not _is_plugin("specdec.native")
 
@@ -116,8 +139,18 @@ def test_the_checks_can_fail():
     ("def f():\n    from .plugins import get_registry\n", "specdec.plugins"),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .target import TargetModel\n",
      "specdec.target"),
+    ("import importlib\nimportlib.import_module('specdec_dflash.export')\n", "specdec_dflash.export"),
+    ("__import__('specdec.cli')\n", "specdec.cli"),
 ])
 def test_every_kind_of_import_is_seen(tmp_path, source, expected):
     path = tmp_path / "probe.py"
     path.write_text(source)
     assert expected in _imports("specdec.probe", path, _core_modules())
+
+
+def test_importing_a_submodule_runs_its_package(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text("from .bench.plan import plan_bench\n")
+    assert {"specdec.bench.plan", "specdec.bench"} <= _imports("specdec.probe", path, _core_modules())
+    inside = _imports("specdec.bench.report", _core_modules()["specdec.bench.report"], _core_modules())
+    assert "specdec.bench" not in inside  # a package's own modules do not run its __init__ again

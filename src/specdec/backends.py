@@ -20,7 +20,7 @@ from torch import nn
 
 from . import native, tree
 from .caches import DynamicKVCache
-from .contracts import KVCache, TargetOutput, same_length
+from .contracts import KVCache, TargetOutput, cache_api_problem, same_length
 from .errors import SpecdecError
 
 BUILTIN_CACHES: dict[str, type[KVCache]] = {"native": native.NativeKVCache, "dynamic": DynamicKVCache}
@@ -41,8 +41,12 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 def positions_after(lengths: Sequence[int], n: int, tree_parents: list[int] | None,
                     device: torch.device) -> torch.Tensor:
     """Position ids [B, n] of n new tokens after each row's cached ones; a tree's nodes sit at their depth."""
-    offsets = torch.arange(n, device=device) if tree_parents is None else \
-        torch.tensor([0] + tree.depths(tree_parents), device=device)
+    if tree_parents is None:
+        offsets = torch.arange(n, device=device)
+    else:
+        offsets = torch.tensor([0] + tree.depths(tree_parents), device=device)
+    if all(length == lengths[0] for length in lengths):  # no per-row host-to-device copy while rows agree
+        return (offsets + lengths[0]).expand(len(lengths), -1)
     return torch.tensor(list(lengths), device=device).unsqueeze(1) + offsets
 
 
@@ -99,18 +103,20 @@ class TargetBackend:
 
 
 class NativeBackend(TargetBackend):
-    """specdec's own forward (bit-identical to transformers') and its preallocated cache."""
+    """specdec's own forward (bit-identical to transformers') and its preallocated cache (NativeKVCache or a
+    registered subclass of it)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, cache_class: type[native.NativeKVCache] = native.NativeKVCache) -> None:
         super().__init__(model)
         self.forward_pass = native.NativeForward(model)
+        self.cache_class = cache_class
 
     @property
     def cache_name(self) -> str:
-        return native.NativeKVCache.name
+        return self.cache_class.name
 
     def reset(self) -> None:
-        self.cache = native.NativeKVCache(self.model)
+        self.cache = self.cache_class(self.model)
 
     def coverage_problem(self) -> str | None:
         return native.unsupported_reason(self.model)
@@ -145,9 +151,6 @@ class TransformersBackend(TargetBackend):
 
     def __init__(self, model: nn.Module, cache_class: type[KVCache]) -> None:
         super().__init__(model)
-        if not isinstance(getattr(cache_class, "hf_cache", None), property):
-            raise SpecdecError(f"The cache {cache_class.name!r} has no `hf_cache` for transformers' forward; choose "
-                               "a cache made for it (dynamic).")
         self.cache_class = cache_class
         self.layers = decoder_layers(model)
         self._captured: dict[int, torch.Tensor] = {}
@@ -162,6 +165,9 @@ class TransformersBackend(TargetBackend):
 
     def reset(self) -> None:
         self.cache = self.cache_class(self.model)
+        if not hasattr(self.cache, "hf_cache"):  # a property, or an attribute set by the cache's __init__
+            raise SpecdecError(f"The cache {self.cache_class.name!r} has no `hf_cache` for transformers' forward; "
+                               "choose a cache made for it (dynamic).")
 
     def add_tap(self, layer_id: int) -> None:
         def hook(_module, _inputs, output):
@@ -218,9 +224,12 @@ def make_backend(model: nn.Module, cache: str | type[KVCache]) -> TargetBackend:
             raise SpecdecError(f"Unknown cache {cache!r}; choose auto, native or dynamic, or pass a registered "
                                "cache's class (specdec.plugins.get_cache_class).")
         cache = BUILTIN_CACHES[cache]
+    problem = cache_api_problem(cache)
+    if problem is not None:
+        raise SpecdecError(problem)
     if issubclass(cache, native.NativeKVCache):
         if unsupported:
             raise SpecdecError(f"The native cache needs specdec's own forward, which does not cover this model "
                                f"({unsupported}); use cache='dynamic' or 'auto'.")
-        return NativeBackend(model)
+        return NativeBackend(model, cache)
     return TransformersBackend(model, cache)

@@ -162,6 +162,8 @@ class Proposer:
     description: ClassVar[str] = ""
     #: When no proposer is named, the highest-priority proposer whose `default_for(model)` is true is used.
     default_priority: ClassVar[int] = 0
+    #: How to make this proposer draft chains, for messages (e.g. "--opt tree_size=0"); "" if it only does.
+    chain_hint: ClassVar[str] = ""
 
     def __init__(self, config: ProposerConfig, target: Target) -> None:
         self.config = config
@@ -175,6 +177,11 @@ class Proposer:
 
     def propose(self, state: DecodeState) -> Draft:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def drafts_trees(self, sampling: SamplingParams) -> bool:
+        """Whether, with its options, this proposer may return tree drafts for this kind of decoding (the
+        engine then refuses a chains-only verifier before any work)."""
+        return False
 
     def prefill(self, state: DecodeState, target_output: TargetOutput) -> None:
         """Called once after the target has read the prompt (its taps cover every prompt position)."""
@@ -251,6 +258,20 @@ class KVCache:
         indices[b]` (indices: [B, n], the accepted tree nodes, in order), and drop the rest. Caches that cannot
         only take chain drafts."""
         raise NotImplementedError(f"The {type(self).name!r} cache cannot keep a tree draft's accepted path.")
+
+
+def cache_api_problem(cls: type) -> str | None:
+    """Why a KVCache class is written for the single-length API of specdec before per-row lengths, or None."""
+    import inspect
+
+    if cls.lengths is KVCache.lengths or ("length" in vars(cls) and "lengths" not in vars(cls)):
+        return (f"The cache {cls.__name__} implements length() but not lengths(); caches now keep a length per "
+                "row: implement lengths() -> list[int], crop(lengths) and retain(lengths, indices [B, n]).")
+    for method in ("crop", "retain"):
+        if "length" in inspect.signature(getattr(cls, method)).parameters:
+            return (f"The cache {cls.__name__}.{method} takes one `length`; caches now keep a length per row: "
+                    f"take `lengths` (one per row) instead.")
+    return None
 
 
 def same_length(lengths: Sequence[int], what: str) -> int:

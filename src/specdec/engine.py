@@ -150,18 +150,21 @@ class Engine:
                               "were allowed (state.max_draft_tokens).")
         if not self.target.can_retain:
             raise SpecdecError(f"{name} returned a tree draft, but the target's KV cache cannot keep a "
-                               "tree's accepted path for this model (sliding-window attention); use a chain draft "
-                               "(for dflash: tree_size=0; for ngram: candidates=1).")
-        if not verifier.supports_trees:
+                               "tree's accepted path for this model (sliding-window attention); use a chain draft"
+                               f"{_chain_hint(self.proposer)}.")
+        if not verifier.supports_trees:  # a proposer that says so in drafts_trees() is refused before any work
             raise PluginError(f"{name} returned a tree draft but the verifier {type(verifier).name!r} takes "
-                              "chains only (Verifier.supports_trees).")
+                              "chains only, and the proposer's drafts_trees() did not say it would draft trees.")
 
     def verifier_for(self, sampling: SamplingParams) -> Verifier:
-        """The verifier for this kind of decoding; one sentence if it is not exact for it."""
+        """The verifier for this kind of decoding; one sentence, before any work, if it is not exact for it or
+        cannot take the trees the proposer will draft."""
         verifier = self.greedy_verifier if sampling.greedy else self.sampling_verifier
         problem = type(verifier).inexact_for(sampling.greedy)
         if problem is not None:
             raise SpecdecError(problem)
+        if not verifier.supports_trees and self.proposer.drafts_trees(sampling):
+            raise SpecdecError(_chains_only(verifier, self.proposer))
         return verifier
 
     def generate(
@@ -196,13 +199,14 @@ class Engine:
         generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
         run = Generation(prompt_ids.to(device), min(max_new_tokens, context - prompt_length), sampling, generator,
                          StopChecker(self.target.eos_token_ids, stop_strings or [], self.target.tokenizer))
-        with self.target.lock:
+        with self.target.lock.hold():
             return self._run(run, verifier, on_tokens)
 
     def _run(self, run: Generation, verifier: Verifier, on_tokens: Callable[[list[int]], None] | None) -> EngineResult:
         start = time.perf_counter()
         self.proposer.reset()
         self.prefill(run, verifier)
+        run.stats.prefill_seconds = time.perf_counter() - start  # the proposer's reset included
         if on_tokens is not None:
             on_tokens(list(run.generated))
         while not run.finished:
@@ -216,13 +220,12 @@ class Engine:
         return EngineResult(token_ids=run.generated, stats=run.stats, stop_reason=run.stop_reason)
 
     def prefill(self, run: Generation, verifier: Verifier) -> None:
-        """The target reads the prompt; its logits give the first token (a step with an empty draft)."""
-        start = time.perf_counter()
+        """The target reads the prompt; its logits give the first token (a step with an empty draft). Called
+        by `generate` with the target's lock held, as is `step`."""
         out = self.target.prefill(run.committed())
         verdict = verifier.verify(out.logits, Draft(tokens=run.buffer.new_empty(1, 0)), run.sampling, run.generator)
         run.commit(verdict.emitted[0, :1])
         run.stats.num_target_forwards += 1
-        run.stats.prefill_seconds = time.perf_counter() - start
         if not run.finished:
             self.proposer.prefill(run.state(0), out)
 
@@ -269,7 +272,8 @@ class Generation:
         self.prompt_length = int(prompt_ids.shape[1])
         self.max_new_tokens = max_new_tokens
         self.sampling, self.generator, self.stops = sampling, generator, stops
-        self.buffer = prompt_ids.new_empty(1, self.prompt_length + max_new_tokens)  # [1, prompt + new]
+        self.buffer = torch.empty(1, self.prompt_length + max_new_tokens, dtype=torch.long,
+                                  device=prompt_ids.device)  # [1, prompt + new]
         self.buffer[:, : self.prompt_length] = prompt_ids
         self.length = self.prompt_length
         self.generated: list[int] = []
@@ -303,6 +307,16 @@ class Generation:
         del self.generated[cut:]
         self.stop_reason, self.stopped = stopped[1], True
         return tokens[: len(tokens) - dropped]
+
+
+def _chain_hint(proposer: Proposer) -> str:
+    hint = type(proposer).chain_hint
+    return f" ({hint})" if hint else ""
+
+
+def _chains_only(verifier: Verifier, proposer: Proposer) -> str:
+    return (f"The verifier {type(verifier).name!r} takes chains only but the proposer {type(proposer).name!r} "
+            f"drafts trees; choose a verifier that takes trees, or a chain draft{_chain_hint(proposer)}.")
 
 
 def _on_device(draft: Draft, device: torch.device) -> Draft:

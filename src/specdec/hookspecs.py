@@ -39,8 +39,9 @@ def register_verifiers(register: Callable[[type], None]) -> None:
 def register_caches(register: Callable[[type], None]) -> None:
     """Register target KV-cache classes.
 
-    :param register: call ``register(cls)`` for each :class:`specdec.KVCache` subclass; a cache must
-        support ``crop(length)`` so rejected draft positions can be rolled back.
+    :param register: call ``register(cls)`` for each :class:`specdec.KVCache` subclass; a cache keeps a
+        length per row (``lengths()``) and must support ``crop(lengths)`` so rejected draft positions can be
+        rolled back. A cache for transformers' forward also provides ``hf_cache``.
     """
 
 

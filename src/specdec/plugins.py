@@ -15,7 +15,7 @@ import click
 import pluggy
 
 from . import hookspecs
-from .contracts import KVCache, Proposer, Registry, TrainingObjective, Verifier
+from .contracts import KVCache, Proposer, Registry, TrainingObjective, Verifier, cache_api_problem
 from .errors import PluginError
 
 ENV_ALLOWLIST = "SPECDEC_LOAD_PLUGINS"
@@ -82,6 +82,9 @@ def collect(pm: pluggy.PluginManager, labels: dict[str, str]) -> Registry:
                 if not name:
                     raise PluginError(f"{_origin} registered {cls.__name__} without a `name`; give the class a "
                                       f"unique `name` attribute.")
+                problem = cache_api_problem(cls) if _kind == "caches" else None
+                if problem is not None:
+                    raise PluginError(f"{_origin} registered an outdated cache: {problem}")
                 if name in _table:
                     first = registry.origins[(_kind, name)]
                     raise PluginError(f"Two plugins register the {_kind[:-1]} {name!r}: {first} and {_origin}; "

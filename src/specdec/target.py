@@ -10,9 +10,11 @@ whenever the model qualifies. Tap layer id L is the output of decoder layer L (t
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,17 +28,41 @@ from .errors import SpecdecError
 __all__ = ["TargetModel", "TargetOutput", "base_model", "decoder_layers"]
 
 
-_MODEL_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+class ModelLock:
+    """One model object's lock, shared by every TargetModel over it: a generation (or a taps-only forward)
+    holds it throughout, since the KV cache, tap hooks and packed weights are reached through the model.
+
+    Other threads wait their turn; the thread already holding it is refused with a sentence, since a
+    generation started from inside another (a streaming callback calling generate) would reset the state
+    the outer one is using."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        if self._owner == threading.get_ident():
+            raise SpecdecError("generate() was called from inside a generation on the same model (e.g. from an "
+                               "on_text callback); start it after the running one returns, or on another model.")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
+
+
+_MODEL_LOCKS: weakref.WeakKeyDictionary[nn.Module, ModelLock] = weakref.WeakKeyDictionary()
 _MODEL_LOCKS_GUARD = threading.Lock()
 
 
-def model_lock(model: nn.Module) -> threading.RLock:
-    """The lock of one model object, shared by every TargetModel over it: a generation holds it throughout, since
-    tap hooks, the native forward's packed weights and the model's own caches are shared through the model."""
+def model_lock(model: nn.Module) -> ModelLock:
+    """The lock of one model object (see ModelLock), made on first use."""
     with _MODEL_LOCKS_GUARD:
         lock = _MODEL_LOCKS.get(model)
         if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.RLock()
+            lock = _MODEL_LOCKS[model] = ModelLock()
         return lock
 
 
@@ -149,9 +175,10 @@ class TargetModel:
         return same_length(lengths, "cache_length") if lengths else 0
 
     def _per_row(self, lengths: int | Sequence[int]) -> list[int]:
-        if isinstance(lengths, int):
-            return [lengths] * max(1, len(self.cache_lengths))
-        return [int(n) for n in lengths]
+        try:  # one integer (a Python, NumPy or 0-d tensor int): the same length for every row
+            return [operator.index(lengths)] * max(1, len(self.cache_lengths))  # type: ignore[arg-type]
+        except TypeError:
+            return [int(n) for n in lengths]  # type: ignore[union-attr]
 
     def crop(self, lengths: int | Sequence[int]) -> None:
         """Roll the KV cache back to its first `lengths[b]` positions per row (an int: the same for all)."""
@@ -192,10 +219,11 @@ class TargetModel:
         """
         if not self._tap_ids:
             raise SpecdecError("No hidden-state taps were requested; call request_taps(layer_ids) first.")
-        if self.backend.cache is None:  # training; a live generation keeps its forward
-            self._recheck_backend()
-        logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)
-        return TargetOutput(logits=logits, taps=self.backend.taps_only(input_ids, self._tap_ids))
+        with self.lock.hold():  # tap hooks on a shared model see every forward: one at a time
+            if self.backend.cache is None:  # training; a live generation keeps its forward
+                self._recheck_backend()
+            logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)
+            return TargetOutput(logits=logits, taps=self.backend.taps_only(input_ids, self._tap_ids))
 
     def forward(self, input_ids: torch.Tensor, tree_parents: list[int] | None = None) -> TargetOutput:
         """Feed [B, n] tokens at the positions following the cache; logits for all n positions. With

@@ -27,7 +27,7 @@ from specdec.limits import (
 )
 from specdec.lookup import NgramIndex
 from specdec.prepacked import route_through_packed
-from specdec.sampling import logits_to_probs
+from specdec.sampling import SamplingParams, logits_to_probs
 
 from .checkpoint import check_against_target, load_draft, read_config
 from .model import DFlashConfig, DraftCache
@@ -89,6 +89,7 @@ def best_first_paths(values: list[list[float]], ids: list[list[int]], size: int)
 class DFlashProposer(HiddenStateProposer):
     name = "dflash"
     description = "DFlash block diffusion: a whole block drafted in one pass, conditioned on target hidden states"
+    chain_hint = "--opt tree_size=0"
     default_priority = 100  # the shipped draft, where it fits the target, beats every other default
     shipped_draft = SHIPPED_DRAFT
     check_against_target = staticmethod(check_against_target)
@@ -162,6 +163,9 @@ class DFlashProposer(HiddenStateProposer):
     def reset(self) -> None:
         super().reset()
         self._lookup_index = NgramIndex(max(self.config.lookup, 1), max(self.config.lookup, 3))
+
+    def drafts_trees(self, sampling: SamplingParams) -> bool:
+        return bool(self.config.tree_size) and (sampling.greedy or self.config.drafting == "greedy")
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Draft:

@@ -13,7 +13,7 @@ from specdec import DecodeState, Draft, tree
 from specdec.hidden_state import HiddenStateProposer, holds_draft
 from specdec.limits import MAX_VERIFY_TOKENS, VERIFY_WHY, at_most, check_draft_sizes
 from specdec.prepacked import route_through_packed
-from specdec.sampling import logits_to_probs
+from specdec.sampling import SamplingParams, logits_to_probs
 
 from .checkpoint import check_against_target, load_draft, read_config_for
 from .model import Eagle3Cache, Eagle3Config
@@ -29,6 +29,7 @@ def shipped_draft_available() -> bool:
 class Eagle3Proposer(HiddenStateProposer):
     name = "eagle3"
     description = "EAGLE-3: a one-layer draft fed three target layers' hidden states drafts token by token"
+    chain_hint = "--opt tree_size=0"
     shipped_draft = SHIPPED_DRAFT
     check_against_target = staticmethod(check_against_target)
 
@@ -76,6 +77,9 @@ class Eagle3Proposer(HiddenStateProposer):
         out = self.model(self.target.embed_tokens(tokens), self.model.fuse(context.states),
                          context.positions.expand(tokens.shape[0], -1), self.cache)
         return out[:, -1:]
+
+    def drafts_trees(self, sampling: SamplingParams) -> bool:
+        return bool(self.config.tree_size) and (sampling.greedy or self.config.drafting == "greedy")
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Draft:

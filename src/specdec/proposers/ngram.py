@@ -25,12 +25,14 @@ from ..limits import (
 from ..lookup import NgramIndex
 
 if TYPE_CHECKING:
+    from ..sampling import SamplingParams
     from ..target import TargetModel
 
 
 class NgramProposer(Proposer):
     name = "ngram"
     description = "prompt lookup: continues the longest suffix n-gram found earlier in prompt + output"
+    chain_hint = "--opt candidates=1"
     default_priority = 10  # needs nothing but the tokens: the default wherever no trained draft fits
 
     @classmethod
@@ -76,6 +78,9 @@ class NgramProposer(Proposer):
 
     def reset(self) -> None:
         self._indices: list[NgramIndex] = []  # one per batch row, kept up to date as tokens are committed
+
+    def drafts_trees(self, sampling: SamplingParams) -> bool:
+        return self.config.candidates > 1
 
     def propose(self, state: DecodeState) -> Draft:
         limit = min(self.config.num_tokens, state.max_draft_tokens)
