@@ -38,7 +38,7 @@ def test_run_json_contract_and_lossless(model_dir):
                      "-n", "12", "w5 w6 w7 w5 w6")
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
-    assert set(out) == {"text", "token_ids", "stats"}
+    assert set(out) == {"text", "token_ids", "stats", "stop_reason"}  # stop_reason: issue 25 item 7
     assert set(out["stats"]) == {"num_generated_tokens", "num_target_forwards", "mean_acceptance_length",
                                  "acceptance_lengths", "tokens_per_second", "wall_seconds"}
     from transformers import AutoModelForCausalLM
@@ -261,3 +261,251 @@ def test_python_api_engine_names_plugin():
     decoder = SpeculativeDecoder(target, Bad(Bad.Config(), target))
     with pytest.raises(PluginError, match="Proposer 'inline-bad'"):
         decoder.generate_ids([1, 2], max_new_tokens=4)
+
+
+# -- issue 25: one sentence for every bad input, the top level, stop_reason, the Python API's smaller cases ----
+
+def test_json_carries_stop_reason(model_dir):
+    result = run_cli("run", "--model", model_dir, "-p", "ngram", "--json", "-n", "3", "w5 w6")
+    out = json.loads(result.output)
+    assert out["stop_reason"] == "max_new_tokens" and len(out["token_ids"]) == 3
+    long_prompt = " ".join(f"w{i % 5 + 5}" for i in range(60))  # 60 of the 64 positions (one token a word)
+    out = json.loads(run_cli("run", "--model", model_dir, "-p", "ngram", "--json", "--raw", "-n", "20",
+                             long_prompt).output)
+    assert out["stop_reason"] == "context" and len(out["token_ids"]) == 4
+
+
+def test_stop_given_as_one_string_is_one_stop_string(model_dir):
+    from specdec import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder.from_pretrained(model_dir, proposer="ngram", dtype="float32", device="cpu")
+    free = decoder.generate("w5 w6", max_new_tokens=6)
+    second = free.text.split()[1]  # e.g. "w68": as characters, "w" would stop at the first token
+    out = decoder.generate("w5 w6", max_new_tokens=6, stop=second)
+    assert out.token_ids == free.token_ids[:2] and out.stop_reason == "stop_string"
+    ids = decoder.encode_prompt("w5 w6")[0].tolist()
+    assert decoder.generate_ids(ids, max_new_tokens=6, stop=second).token_ids == free.token_ids[:2]
+
+
+def test_generate_a_list_of_prompts_is_a_sentence(model_dir):
+    from specdec import SpecdecError, SpeculativeDecoder
+
+    decoder = SpeculativeDecoder.from_pretrained(model_dir, proposer="ngram", dtype="float32", device="cpu")
+    with pytest.raises(SpecdecError, match=r"one prompt .* list of 2 prompts; batching is not supported yet"):
+        decoder.generate(["w5", "w6"])
+    with pytest.raises(SpecdecError, match="not valid UTF-8"):
+        decoder.generate("w5 \udcff")
+
+
+def test_temperature_must_be_finite(model_dir):
+    from specdec import SpecdecError
+    from specdec.sampling import SamplingParams
+
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(SpecdecError, match="temperature must be a finite number >= 0"):
+            SamplingParams(temperature=bad)
+    for value in ("inf", "nan", "-inf", "-0.5"):
+        assert_clean_error(run_cli("run", "--model", model_dir, "--temperature", value, "hi"), "--temperature")
+
+
+@pytest.mark.parametrize("option,value,fragment", [
+    ("--top-k", "-1", "--top-k must be at least 0"),
+    ("--top-k", str(2**40), "--top-k must be at most"),
+    ("--top-p", "0", "--top-p must be in (0, 1]"),
+    ("--top-p", "1.5", "--top-p must be in (0, 1]"),
+    ("--top-p", "nan", "--top-p must be in (0, 1]"),
+    ("--seed", "-1", "--seed must be between 0 and"),
+    ("--seed", str(2**64), "--seed must be between 0 and"),
+    ("-n", str(10**30), "--max-new-tokens must be at most"),
+    ("-n", "-3", "--max-new-tokens must be at least 1"),
+    ("-n", "many", "'many' is not a valid integer"),
+])
+def test_numeric_options_at_their_extremes(model_dir, option, value, fragment):
+    assert_clean_error(run_cli("run", "--model", model_dir, option, value, "hi"), fragment)
+
+
+def test_devices_that_are_not_there(model_dir):
+    import torch
+
+    bad = ["tpu", "gpu", "cuda:-1", "meta"]
+    bad += [f"cuda:{torch.cuda.device_count()}"] if torch.cuda.is_available() else ["cuda", "cuda:7"]
+    for device in bad:
+        assert_clean_error(run_cli("run", "--model", model_dir, "--device", device, "hi"), f"Device '{device}'")
+        assert_clean_error(run_cli("check", "-p", "ngram", "--model", model_dir, "--device", device),
+                           f"Device '{device}'")
+
+
+def test_prompt_that_is_not_utf8(model_dir):
+    # a command-line byte that is not UTF-8 reaches Python as a lone surrogate (surrogateescape)
+    assert_clean_error(run_cli("run", "--model", model_dir, "w5 \udcff w6"), "prompt is not valid UTF-8", "0xff")
+
+
+def _copy_model(model_dir, tmp_path):
+    import shutil
+
+    return shutil.copytree(model_dir, tmp_path / "copy")
+
+
+def test_target_with_remote_code_is_refused_unrun(model_dir, tmp_path):
+    folder = _copy_model(model_dir, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    assert_clean_error(run_cli("run", "--model", str(folder), "hi"), "auto_map", "never runs remote code")
+    assert not (tmp_path / "ran").exists()
+
+
+def test_target_with_only_a_pickle_is_refused_unopened(model_dir, tmp_path, monkeypatch):
+    import torch
+
+    folder = _copy_model(model_dir, tmp_path)
+    from safetensors.torch import load_file
+
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")  # a benign pickle
+    (folder / "model.safetensors").unlink()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.load was called")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    assert_clean_error(run_cli("run", "--model", str(folder), "hi"), "only pickle weights (pytorch_model.bin)",
+                       "convert them to safetensors")
+
+
+@pytest.mark.parametrize("damage,fragment", [
+    ("truncated", "is truncated or corrupt"),
+    ("config-not-utf8", "config.json is not valid UTF-8 (byte 0xff"),
+    ("config-not-json", "config.json is not valid JSON"),
+    ("tokenizer-not-json", "tokenizer.json is not valid JSON"),
+])
+def test_damaged_target_folder(model_dir, tmp_path, damage, fragment):
+    folder = _copy_model(model_dir, tmp_path)
+    if damage == "truncated":
+        weights = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(weights[: len(weights) // 3])
+    elif damage == "config-not-utf8":
+        (folder / "config.json").write_bytes(b"{\xff}")
+    elif damage == "config-not-json":
+        (folder / "config.json").write_text('{"model_type": "llama",')
+    else:
+        (folder / "tokenizer.json").write_text("{")
+    assert_clean_error(run_cli("run", "--model", str(folder), "hi"), fragment)
+
+
+def test_truncated_draft_weights(model_dir, tmp_path):
+    from specdec_dflash.checkpoint import save_draft
+    from specdec_dflash.model import DFlashConfig, DFlashDraftModel
+
+    config = DFlashConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=8, intermediate_size=48, mask_token_id=5, target_layer_ids=[1],
+                          num_target_layers=4, vocab_size=128)
+    save_draft(DFlashDraftModel(config), tmp_path / "draft")
+    weights = (tmp_path / "draft" / "model.safetensors").read_bytes()
+    (tmp_path / "draft" / "model.safetensors").write_bytes(weights[:-100])
+    assert_clean_error(run_cli("run", "--model", model_dir, "-p", "dflash", "--draft", str(tmp_path / "draft"), "hi"),
+                       "DFlash draft weights file", "truncated or corrupt")
+
+
+def test_prompts_file_that_is_not_utf8(model_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"prompt": "w5"}\n{"prompt": "w6 \xe9"}\n')
+    assert_clean_error(run_cli("check", "-p", "ngram", "--model", model_dir, "--prompts", str(prompts)),
+                       f"{prompts}, line 2 is not valid UTF-8 (byte 0xe9")
+
+
+def test_usage_errors_are_one_line():
+    assert_clean_error(run_cli("run", "--no-such-option", "hi"), "No such option", "`specdec run --help`")
+    assert_clean_error(run_cli("--no-such-option"), "No such option", "`specdec --help`")
+    assert_clean_error(run_cli("plugins", "surplus"), "unexpected extra argument")
+
+
+def _failing_from_pretrained(exc):
+    def fail(*args, **kwargs):
+        raise exc
+
+    return fail
+
+
+def test_internal_error_is_one_sentence_asking_for_a_report(model_dir, monkeypatch):
+    from specdec import api
+
+    monkeypatch.setattr(api.SpeculativeDecoder, "from_pretrained", _failing_from_pretrained(RuntimeError("boom\nx")))
+    result = run_cli("run", "--model", model_dir, "hi")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: internal error in `specdec run` (RuntimeError: boom x)")
+    assert "bug in specdec" in lines[0] and "specdec --debug run" in lines[0]
+    debug = run_cli("--debug", "run", "--model", model_dir, "hi")
+    assert debug.exit_code == 1 and "Traceback (most recent call last)" in debug.output
+    assert debug.output.strip().splitlines()[-1].startswith("error: internal error in `specdec run`")
+
+
+def test_specdec_error_traceback_only_under_debug(model_dir):
+    plain = run_cli("run", "--model", model_dir, "-p", "nope", "hi")
+    assert_clean_error(plain, "Unknown proposer 'nope'")
+    debug = run_cli("--debug", "run", "--model", model_dir, "-p", "nope", "hi")
+    assert debug.exit_code == 2 and "Traceback (most recent call last)" in debug.output
+    assert debug.output.strip().splitlines()[-1].startswith("error: Unknown proposer 'nope'")
+
+
+def test_keyboard_interrupt_is_one_line(model_dir, monkeypatch):
+    from specdec import api
+
+    monkeypatch.setattr(api.SpeculativeDecoder, "from_pretrained", _failing_from_pretrained(KeyboardInterrupt()))
+    result = run_cli("run", "--model", model_dir, "hi")
+    assert result.exit_code == 130
+    assert result.output.strip().splitlines() == ["interrupted: `specdec run` stopped (Ctrl-C)."]
+
+
+def test_plugin_commands_get_the_same_top_level(monkeypatch):
+    import click
+
+    from specdec.errors import SpecdecError
+
+    @click.command()
+    def sentence():
+        raise SpecdecError("The widget is missing; pass --widget.")
+
+    @click.group()
+    def tools():
+        pass
+
+    @tools.command()
+    def crash():
+        raise ValueError("bad state")
+
+    commands = get_registry().commands
+    monkeypatch.setitem(commands, "sentence", sentence)
+    monkeypatch.setitem(commands, "tools", tools)
+    assert_clean_error(run_cli("sentence"), "The widget is missing; pass --widget.")
+    result = run_cli("tools", "crash")
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [
+        "error: internal error in `specdec tools crash` (ValueError: bad state); this is a bug in specdec, please "
+        "report it with the command line and the output of `specdec --debug tools crash ...`."]
+
+
+def _bench_args(model_dir, tmp_path, out, *extra):
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / "tiny.jsonl").write_text(json.dumps({"id": "a", "turns": ["w5 w6 w5 w6"]}) + "\n")
+    return ["bench", "-d", "tiny", "--data-dir", str(data), "--model", model_dir, "-p", "ngram", "--baselines",
+            "none", "-n", "3", "--no-progress", "--out", str(out), *extra]
+
+
+def test_bench_out_refuses_another_runs_results_and_foreign_files(model_dir, tmp_path):
+    out = tmp_path / "out"
+    first = run_cli(*_bench_args(model_dir, tmp_path, out))
+    assert first.exit_code == 0, first.output
+    before = (out / "results.json").read_bytes()
+    assert_clean_error(run_cli(*_bench_args(model_dir, tmp_path, out)), "already holds results.json", "--overwrite")
+    assert (out / "results.json").read_bytes() == before
+    again = run_cli(*_bench_args(model_dir, tmp_path, out, "--overwrite"))
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "results.json").read_text())["meta"]["timestamp"]
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".specdec-owner"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert_clean_error(run_cli(*_bench_args(model_dir, tmp_path, mine)), "already holds files specdec did not write")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

@@ -16,6 +16,7 @@ answers turn 2 after its own answer to turn 1), and the divergence judge.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -206,8 +207,8 @@ class NearTieJudge:
     """
 
     def __init__(self, model: torch.nn.Module, epsilon: float = DEFAULT_EPSILON) -> None:
-        if not epsilon > 0:
-            raise SpecdecError(f"epsilon must be positive, got {epsilon}.")
+        if not (math.isfinite(epsilon) and epsilon > 0):  # inf would certify every divergence
+            raise SpecdecError(f"epsilon must be a positive finite number, got {epsilon}.")
         self.model = model
         self.epsilon = float(epsilon)
         self.dtype = next(model.parameters()).dtype

@@ -2,24 +2,105 @@
 
 specdec's own commands are added here; plugins add theirs through the `register_commands` hook (`export`
 comes from the plugins that can export), looked up when the command line is used.
+
+The top level (`SpecdecGroup.main` and `SpecdecGroup.invoke`) gives every subcommand, plugin commands
+included, the same exits:
+
+- 0: done; 1: the command ran and reports a failure (e.g. `specdec check` found a mismatch), or specdec hit
+  an internal error (a bug: one sentence naming the command and asking for a report);
+- 2: bad input (a `SpecdecError`, a usage error, a file that is not UTF-8 or not JSON, a file specdec could
+  not read or write): `error: <one sentence>` on stderr, before any work where the input can be checked
+  first;
+- 130: interrupted (Ctrl-C), one line.
+
+`specdec --debug COMMAND ...` (or SPECDEC_DEBUG=1) prints the traceback before the sentence.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from .bench.cli import bench, check
-from .cli_support import parse_options, user_errors
+from .cli_support import (
+    check_count,
+    check_device,
+    check_seed,
+    check_temperature,
+    check_text,
+    check_top_p,
+    debug_enabled,
+    one_line,
+    parse_options,
+    print_traceback,
+    set_debug,
+    user_errors,
+)
 from .errors import SpecdecError
 from .training.cli import data, train
 
+#: exit codes (see the module docstring)
+EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+def _command_name(ctx: click.Context | None) -> str:
+    """`specdec data generate`, whatever name the program was started under (python -m, a test runner)."""
+    names = []
+    while ctx is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["specdec", *reversed(names[:-1])]).strip()
+
+
+def _innermost_command(tb: Any, fallback: str) -> str:
+    """The deepest click command the traceback passed through (`Command.invoke(self, ctx)` frames)."""
+    name = fallback
+    while tb is not None:
+        ctx = tb.tb_frame.f_locals.get("ctx")
+        if isinstance(ctx, click.Context):
+            name = _command_name(ctx)
+        tb = tb.tb_next
+    return name
+
+
+def _exit(message: str, code: int) -> NoReturn:
+    click.echo(one_line(message), err=True)
+    sys.exit(code)
+
+
+def _report(exc: BaseException, command: str) -> NoReturn:
+    """One line for an exception that escaped a command, and its exit code (see the module docstring)."""
+    print_traceback()
+    if isinstance(exc, KeyboardInterrupt):
+        _exit(f"interrupted: `{command}` stopped (Ctrl-C).", EXIT_INTERRUPTED)
+    if isinstance(exc, SpecdecError):
+        _exit(f"error: {exc}", EXIT_USAGE)
+    detail = one_line(str(exc)) or type(exc).__name__
+    detail = detail if len(detail) <= 300 else detail[:297] + "..."
+    # the user's files: a safety net for readers that do not name the file themselves
+    if isinstance(exc, UnicodeDecodeError):
+        _exit(f"error: a file given to `{command}` is not valid UTF-8 ({detail}); save it with UTF-8 encoding.",
+              EXIT_USAGE)
+    if isinstance(exc, json.JSONDecodeError):
+        _exit(f"error: a JSON file given to `{command}` is not valid JSON ({detail}); fix the file or replace it "
+              "with an intact copy.", EXIT_USAGE)
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        _exit(f"error: `{command}` ran out of memory ({detail}); use smaller sizes (tokens, batch, options) or a "
+              "machine with more memory.", EXIT_FAILURE)
+    if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
+        _exit(f"error: `{command}` could not read or write a file ({detail}); check the path, the free space and "
+              "the permissions.", EXIT_USAGE)
+    hint = "" if debug_enabled() else f" and the output of `{command.replace('specdec', 'specdec --debug', 1)} ...`"
+    _exit(f"error: internal error in `{command}` ({type(exc).__name__}: {detail}); this is a bug in specdec, "
+          f"please report it with the command line{hint}.", EXIT_FAILURE)
+
 
 class SpecdecGroup(click.Group):
-    """specdec's commands, then those its plugins register (a plugin cannot shadow a built-in command)."""
+    """specdec's commands, then those its plugins register (a plugin cannot shadow a built-in command); the
+    top level of every command's errors."""
 
     def _plugin_commands(self) -> dict[str, click.Command]:
         from .plugins import get_registry
@@ -27,8 +108,7 @@ class SpecdecGroup(click.Group):
         try:
             commands = get_registry().commands
         except SpecdecError as exc:  # e.g. two plugins adding one command: a sentence, not a traceback
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            _exit(f"error: {exc}", EXIT_USAGE)
         return {name: cmd for name, cmd in commands.items() if name not in self.commands}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -37,11 +117,45 @@ class SpecdecGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return self.commands.get(cmd_name) or self._plugin_commands().get(cmd_name)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; whatever escapes it becomes one line and an exit code (`_report`)."""
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, BrokenPipeError):
+            raise  # click's own: usage errors are rendered by main(), exits and aborts pass through
+        except (Exception, KeyboardInterrupt) as exc:
+            _report(exc, _innermost_command(exc.__traceback__, _command_name(ctx)))
 
-@click.group(cls=SpecdecGroup)
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        """click's main, with usage errors as one `error:` line (exit 2) and Ctrl-C as one line (exit 130)."""
+        set_debug(False)
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # `specdec` alone: the help, as click prints it
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:  # a usage error (or a click parameter's own): the user's input
+            where = _command_name(getattr(exc, "ctx", None))
+            message = one_line(exc.format_message()).rstrip(".")
+            _exit(f"error: {message}; see `{where} --help`.", EXIT_USAGE)
+        except click.Abort:
+            _exit("interrupted: `specdec` stopped (Ctrl-C).", EXIT_INTERRUPTED)
+        sys.exit(rv if type(rv) is int else 0)
+
+
+@click.group(cls=SpecdecGroup, name="specdec")
+@click.option("--debug", is_flag=True, help="Print the traceback of an error before its one-line message.")
 @click.version_option(package_name="specdec")
-def main() -> None:
-    """specdec: lossless speculative decoding for Hugging Face causal LMs."""
+def main(debug: bool) -> None:
+    """specdec: lossless speculative decoding for Hugging Face causal LMs.
+
+    Exit codes: 0 done, 1 a failure the command reports (or an internal error: please report it), 2 bad input
+    (one `error:` line), 130 interrupted.
+    """
+    set_debug(debug)
 
 
 @main.command()
@@ -52,7 +166,8 @@ def main() -> None:
               "Default: the embedded SmolLM2-135M-Instruct.")
 @click.option("--draft", default=None, help="Draft checkpoint for proposers that take one (dflash, draft).")
 @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Proposer option, repeatable.")
-@click.option("--max-new-tokens", "-n", default=256, show_default=True, type=int)
+@click.option("--max-new-tokens", "-n", default=256, show_default=True, type=int,
+              help="At most this many new tokens (fewer where the context window ends first).")
 @click.option("--temperature", "-t", default=0.0, show_default=True, type=float, help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
 @click.option("--top-p", default=1.0, show_default=True, type=float, help="1 = off.")
@@ -66,7 +181,8 @@ def main() -> None:
 @click.option("--verifier", default=None, help="Verifier name (see `specdec plugins`); default: greedy at "
               "temperature 0, rejection sampling above.")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids and stats.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids, stats and "
+              "stop_reason (eos, stop_string, max_new_tokens or context).")
 @user_errors
 def run(prompt: str, proposer: str | None, model: str | None, draft: str | None, opts: tuple[str, ...],
         max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
@@ -83,6 +199,14 @@ def run(prompt: str, proposer: str | None, model: str | None, draft: str | None,
     from .sampling import SamplingParams
 
     validate_generation_args(prompt, max_new_tokens)
+    check_count("--max-new-tokens", max_new_tokens)
+    check_temperature("--temperature", temperature)
+    check_count("--top-k", top_k, minimum=0, off="0 turns it off")
+    check_top_p("--top-p", top_p)
+    check_seed("--seed", seed)
+    for text in stop:
+        check_text("--stop", text)
+    check_device(device)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     options: dict[str, Any] = parse_options(opts)
     if draft is not None:
@@ -102,7 +226,7 @@ def run(prompt: str, proposer: str | None, model: str | None, draft: str | None,
         keys = ("num_generated_tokens", "num_target_forwards", "mean_acceptance_length", "acceptance_lengths",
                 "tokens_per_second", "wall_seconds")
         click.echo(json.dumps({"text": out.text, "token_ids": out.token_ids,
-                               "stats": {k: stats[k] for k in keys}}))
+                               "stats": {k: stats[k] for k in keys}, "stop_reason": out.stop_reason}))
         return
     if stream:
         click.echo()

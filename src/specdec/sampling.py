@@ -6,6 +6,7 @@ construction; the verifier then makes speculative decoding sample from it exactl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +21,8 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0 = off
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0):
-            raise SpecdecError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}.")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):  # inf would sample uniformly
+            raise SpecdecError(f"temperature must be a finite number >= 0 (0 means greedy), got {self.temperature}.")
         if self.top_k < 0:
             raise SpecdecError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}.")
         if not (0.0 < self.top_p <= 1.0):

@@ -11,12 +11,11 @@ from typing import Any
 import click
 
 from ..check import DEFAULT_EPSILON
-from ..cli_support import parse_options, user_errors
+from ..cli_support import check_count, check_device, check_positive, parse_options, user_errors
 from ..errors import PluginError
 
 DTYPE_CHOICES = click.Choice(["auto", "float32", "bfloat16", "float16"])
 MODEL_HELP = "Target model folder, .gguf or hub id (default: the embedded SmolLM2-135M-Instruct)."
-
 
 
 def _quiet_transformers() -> None:
@@ -50,7 +49,10 @@ def _quiet_transformers() -> None:
               "else dynamic), native (specdec's own forward) or dynamic (transformers' forward), e.g. "
               "--cache autoregressive:hf=dynamic.")
 @click.option("--data-dir", default=None, help="Folder of NAME.jsonl datasets (searched first).")
-@click.option("--out", "-o", default=None, help="Output folder (default: specdec-bench/DATASET-TIMESTAMP).")
+@click.option("--out", "-o", default=None, help="Output folder (default: specdec-bench/DATASET-TIMESTAMP); a "
+              "new or empty one, or one an earlier bench wrote into without results.")
+@click.option("--overwrite", is_flag=True, help="Write into --out even if it holds another run's results or "
+              "files specdec did not write (specdec replaces only its own files there).")
 @click.option("--verifier", default=None, help="Verifier of every specdec runner (see `specdec plugins`); "
               "default: greedy, or rejection sampling at temperature > 0.")
 @click.option("--epsilon", default=DEFAULT_EPSILON, show_default=True, type=float,
@@ -60,11 +62,12 @@ def _quiet_transformers() -> None:
 def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None, max_new_tokens: int,
           temperature: float, seed: int, dtype: str, device: str | None, model: str | None, draft: str | None,
           draft_model: str | None, opts: tuple[str, ...], caches: tuple[str, ...], data_dir: str | None,
-          out: str | None, verifier: str | None, epsilon: float, no_progress: bool) -> None:
+          out: str | None, overwrite: bool, verifier: str | None, epsilon: float, no_progress: bool) -> None:
     """Benchmark proposers (and transformers baselines) on a dataset: acceptance, speed, exact match.
 
-    Writes results.json, results.md and PNG plots to --out. Ctrl-C writes what has finished.
+    Writes results.json, results.md and PNG plots to --out, each atomically. Ctrl-C writes what has finished.
     """
+    from ..files import claim_output_dir
     from .measure import run_bench
     from .plan import plan_bench
     from .report import write_results
@@ -75,7 +78,8 @@ def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None
                       temperature=temperature, seed=seed, dtype=dtype, device=device, model=model,
                       draft=draft, draft_model=draft_model, data_dir=data_dir, out=out, options=opts,
                       epsilon=epsilon, command=shlex.join(["specdec", *sys.argv[1:]]), caches=caches,
-                      verifier=verifier)
+                      verifier=verifier, overwrite=overwrite)
+    claim_output_dir(plan.out, "bench", overwrite=overwrite, option="--out")  # before any model loads
     _quiet_transformers()
     click.echo(f"bench: {len(plan.prompts)} prompts from {plan.dataset_path}; runners: "
                f"{', '.join(plan.runner_names)}", err=True)
@@ -132,7 +136,6 @@ def check(proposer: str, opts: tuple[str, ...], model: str | None, draft: str | 
     """
     from ..api import SpeculativeDecoder, build_proposer_config, check_verifier
     from ..check import check_lossless, read_prompts_jsonl
-    from ..errors import SpecdecError
     from ..sampling import SamplingParams
 
     options: dict[str, Any] = parse_options(opts)
@@ -141,10 +144,9 @@ def check(proposer: str, opts: tuple[str, ...], model: str | None, draft: str | 
     build_proposer_config(proposer, options)  # validate before loading anything
     if verifier is not None:
         check_verifier(verifier, SamplingParams())  # the check decodes greedily
-    if max_new_tokens < 1:
-        raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
-    if not epsilon > 0:
-        raise SpecdecError(f"--epsilon must be positive, got {epsilon}.")
+    check_count("--max-new-tokens", max_new_tokens)
+    check_positive("--epsilon", epsilon)
+    check_device(device)
     prompts = read_prompts_jsonl(prompts_file, paper_turns=False) if prompts_file else None
     _quiet_transformers()
     decoder = SpeculativeDecoder.from_pretrained(model, proposer=proposer, dtype=dtype, device=device,

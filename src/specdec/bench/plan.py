@@ -115,6 +115,35 @@ def parse_caches(pairs: Iterable[str], runners: Sequence[str]) -> dict[str, str]
     return caches
 
 
+#: what `specdec bench` writes into its --out folder (results.md and the plots are rewritten with it)
+RESULTS_FILE = "results.json"
+
+
+def check_output_folder(out: Path, overwrite: bool) -> None:
+    """--out must be a folder for this run alone: not a file, not another bench run's results (unless
+    `overwrite`), not a folder another specdec command owns; claim_output_dir then refuses folders holding
+    files specdec did not write. Nothing is written here."""
+    from ..files import OWNER_MARKER
+
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"--out {out} is a file; give a folder for results.json, results.md and the "
+                           "plots.")
+    if not out.is_dir() or overwrite:
+        return
+    if (out / RESULTS_FILE).exists():
+        raise SpecdecError(f"--out {out} already holds results.json from another run; choose a new folder, or "
+                           "pass --overwrite to replace that run's results.")
+    marker = out / OWNER_MARKER
+    if marker.is_file():
+        try:
+            owner = marker.read_text(encoding="utf-8", errors="replace").strip().removeprefix("written by ")
+        except OSError:
+            owner = ""
+        if owner and owner != "specdec bench":
+            raise SpecdecError(f"--out {out} belongs to `{owner}`; choose a new folder for the bench results, or "
+                               "pass --overwrite to write them there anyway.")
+
+
 @dataclass
 class BenchPlan:
     """Everything `specdec bench` needs, validated; nothing loaded yet."""
@@ -150,16 +179,19 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
                draft: str | None = None, draft_model: str | None = None, data_dir: str | None = None,
                out: str | os.PathLike | None = None, options: Iterable[str] = (),
                epsilon: float = DEFAULT_EPSILON, command: str = "", caches: Iterable[str] = (),
-               verifier: str | None = None) -> BenchPlan:
-    """Validate every argument (before any model loads); SpecdecError with one sentence on bad input."""
-    from ..loading import DTYPES
+               verifier: str | None = None, overwrite: bool = False) -> BenchPlan:
+    """Validate every argument (before any model loads); SpecdecError with one sentence on bad input.
+    Nothing is written: the bench command claims the output folder (`specdec.files.claim_output_dir`)
+    once the plan is made."""
+    from ..cli_support import check_count, check_device, check_positive, check_seed, check_temperature
+    from ..loading import DTYPES, check_model
 
     if limit is not None and limit < 1:
         raise SpecdecError(f"--limit must be at least 1, got {limit}; leave it out to run every prompt.")
-    if max_new_tokens < 1:
-        raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
-    if temperature < 0:
-        raise SpecdecError(f"--temperature must be 0 (greedy) or positive, got {temperature}.")
+    check_count("--limit", limit)
+    check_count("--max-new-tokens", max_new_tokens)
+    check_temperature("--temperature", temperature)
+    check_seed("--seed", seed)
     if verifier is not None:
         from ..api import check_verifier
         from ..sampling import SamplingParams
@@ -167,11 +199,14 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
         check_verifier(verifier, SamplingParams(temperature=temperature))
     if dtype != "auto" and dtype not in DTYPES:
         raise SpecdecError(f"Unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}.")
-    if not epsilon > 0:
-        raise SpecdecError(f"--epsilon must be positive, got {epsilon}.")
+    check_positive("--epsilon", epsilon)
+    check_device(device)
     looks_local = draft_model and (os.sep in draft_model or draft_model.startswith("."))
     if looks_local and not os.path.isdir(draft_model):
         raise SpecdecError(f"--draft-model folder {draft_model} does not exist; check the path.")
+    check_model(model)  # a missing or damaged local target is refused before the bench starts
+    if draft_model:
+        check_model(draft_model)
     names = parse_proposers(proposers)
     runner_baselines = parse_baselines(baselines, draft_model)
     configs = parse_proposer_options(options, names, draft)
@@ -181,9 +216,7 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out = Path("specdec-bench") / f"{path.stem}-{stamp}"
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise SpecdecError(f"--out {out} is a file; give a folder for results.json, results.md and the "
-                           "plots.")
+    check_output_folder(out, overwrite)
     return BenchPlan(dataset=dataset, dataset_path=path, prompts=prompts, proposers=configs,
                      baselines=runner_baselines, limit=limit, max_new_tokens=max_new_tokens,
                      temperature=temperature, seed=seed, dtype=dtype, device=device, model=model, draft=draft,

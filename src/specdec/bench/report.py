@@ -79,12 +79,36 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: the plots write_plots may write (a rerun with --overwrite removes those it does not write again)
+PLOT_FILES = ("acceptance_lengths.png", "acceptance_per_position.png", "speedup.png")
+
+
 def write_results(results: Mapping[str, Any], out: str | os.PathLike) -> list[Path]:
-    """results.json, results.md and the plots in `out` (created); returns the paths written."""
-    import json
+    """results.json, results.md and the plots in `out` (created); returns the paths written.
+
+    Each file is written atomically (a temporary file renamed over the old one), so a reader or an
+    interrupted run sees a whole file, from this run or the one before it, never half of one; results.json
+    comes last, so its presence means the run's files are complete."""
+    import shutil
+    import tempfile
+
+    from ..files import atomic_write_json, atomic_write_text
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
-    return [out / "results.json", out / "results.md"] + write_plots(results, out)
+    markdown = atomic_write_text(out / "results.md", render_markdown(results))
+    staging = Path(tempfile.mkdtemp(prefix=".plots-", dir=out))
+    try:
+        plots = []
+        for staged in write_plots(results, staging):
+            with open(staged, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(staged, out / staged.name)
+            plots.append(out / staged.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    for name in PLOT_FILES:  # a plot from an earlier run that this one has no data for
+        if out / name not in plots:
+            (out / name).unlink(missing_ok=True)
+    results_json = atomic_write_json(out / "results.json", results)
+    return [results_json, markdown] + plots
