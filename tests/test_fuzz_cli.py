@@ -6,8 +6,7 @@ input tree is hashed before and after every case).
 
 Hypothesis draws the cases, derandomized, without an example database and without shrinking, so the file is
 deterministic and stays within its time budget; CliRunner runs each case in-process on tiny models
-(tests/conftest.py), and no case loads the embedded model. Cases that fail because of another area of issue 25
-are marked xfail with the item that covers them.
+(tests/conftest.py), and no case loads the embedded model.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ FUZZ = settings(max_examples=25, deadline=None, database=None, derandomize=True,
                 phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 FEW = settings(FUZZ, max_examples=6)
 
-ISSUE_ITEM_4 = "issue 25 item 4 (data generate / train: another engineer's area)"
 
 
 # -- the world: tiny models, drafts, prompt files and a data directory, shared by every case -----------------
@@ -436,9 +434,8 @@ def test_bad_option_value(world, command, option, values, needles, data):
         invoke(case, command, data, [f"{option}={value}"], needles)
 
 
-#: bad values that data generate and train accept today (they run, or fail with a traceback): fixed examples,
-#: xfail until that area refuses them (hypothesis is kept for what passes, so no failure is recorded as a patch)
-ACCEPTED_TODAY = [
+#: bad values that data generate and train once accepted (they ran, or failed with a traceback): fixed examples
+ONCE_ACCEPTED = [
     ("data generate", "--max-prompt-tokens", ["0", "-3"]),
     ("data generate", "--temperature", ["nan", "inf", "-1"]),
     ("data generate", "--limit", ["0", "-2"]),
@@ -450,11 +447,10 @@ ACCEPTED_TODAY = [
 ]
 
 
-@pytest.mark.xfail(reason=ISSUE_ITEM_4, strict=False)
 @pytest.mark.parametrize("command,option,value", [
     pytest.param(command, option, value, id=f"{command}{option}={value}")
-    for command, option, values in ACCEPTED_TODAY for value in values])
-def test_bad_option_value_accepted_today(world, command, option, value):
+    for command, option, values in ONCE_ACCEPTED for value in values])
+def test_bad_option_value_once_accepted(world, command, option, value):
     with Case(world) as case:
         case.run(base_args(command, world, case) + [f"{option}={value}"], (option,))
 
@@ -554,8 +550,6 @@ def damaged_dflash_draft(world: World, command: str, damage: FolderDamage) -> No
             case.run(["export", "--draft", folder, "--format", "zlab", "--out", str(case.out)])
 
 
-@pytest.mark.xfail(reason="issue 25 item 6: a draft config.json holding a JSON array or string is read by "
-                   "specdec/hidden_state.py (another engineer's area), which calls .get on it", strict=False)
 @pytest.mark.parametrize("command", ["run", "export"])
 @pytest.mark.parametrize("where", [0.2, 0.7])
 def test_dflash_config_not_an_object(world, command, where):
@@ -589,7 +583,6 @@ def test_damaged_prompt_file(world, command, option, damage, data):
         case.run(args)
 
 
-@pytest.mark.xfail(reason=f"an empty prompts file gives an empty data set with exit 0: {ISSUE_ITEM_4}", strict=False)
 @pytest.mark.parametrize("blank", ["", "\n", " \n\n"])
 def test_data_generate_empty_prompts_file(world, blank):
     with Case(world) as case:

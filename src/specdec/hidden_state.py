@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError
 from .contracts import DecodeState, Proposer, ProposerConfig, Target, TargetOutput, Verdict
 from .errors import SpecdecError
 from .files import atomic_save_file, atomic_write_json
+from .jsonl import read_json
 from .loading import EMBEDDED_NAME
 
 ConfigT = TypeVar("ConfigT")
@@ -53,10 +54,7 @@ def read_config_json(folder: Path, kind: str) -> dict[str, Any]:
         article = "an" if kind[:1] in "AEIOU" else "a"
         raise SpecdecError(f"{folder} has no config.json; {article} {kind} folder holds config.json and "
                            "safetensors.")
-    try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise SpecdecError(f"{config_file} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    return read_json(config_file, f"The {kind}'s config")
 
 
 class Setting(NamedTuple):

@@ -41,8 +41,13 @@ class ModelLock:
         self._owner: int | None = None
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
+    def hold(self, inside_ok: bool = False) -> Iterator[None]:
+        """Wait for the lock and hold it. From the thread already holding it: go on when `inside_ok` (a
+        taps-only forward, which leaves the generation's cache alone), else refuse."""
         if self._owner == threading.get_ident():
+            if inside_ok:
+                yield
+                return
             raise SpecdecError("generate() was called from inside a generation on the same model (e.g. from an "
                                "on_text callback); start it after the running one returns, or on another model.")
         with self._lock:
@@ -219,7 +224,7 @@ class TargetModel:
         """
         if not self._tap_ids:
             raise SpecdecError("No hidden-state taps were requested; call request_taps(layer_ids) first.")
-        with self.lock.hold():  # tap hooks on a shared model see every forward: one at a time
+        with self.lock.hold(inside_ok=True):  # tap hooks on a shared model see every forward: one at a time
             if self.backend.cache is None:  # training; a live generation keeps its forward
                 self._recheck_backend()
             logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import math
 import os
 import sys
 
@@ -44,10 +45,17 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
     files: list[str] = []
     for path in prompt_paths:
         files.extend(sorted(glob.glob(os.path.join(path, "*.jsonl"))) if os.path.isdir(path) else [path])
-    for file in files:
-        read_prompts(file)  # every file validated before the model loads
-    if batch_size < 1 or max_new_tokens < 1:
-        raise SpecdecError("--batch-size and --max-new-tokens must be at least 1.")
+    if not files:
+        raise SpecdecError("--prompts names no JSONL file (a folder must hold *.jsonl files); pass prompt files.")
+    for file in files:  # every file validated before the model loads
+        if not read_prompts(file):
+            raise SpecdecError(f"Prompts file {file} holds no prompts; give a JSONL file with a `prompt` per line.")
+    if batch_size < 1 or max_new_tokens < 1 or max_prompt_tokens < 1:
+        raise SpecdecError("--batch-size, --max-new-tokens and --max-prompt-tokens must be at least 1.")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise SpecdecError(f"--temperature {temperature} is not a finite number >= 0; give 0 (greedy) or more.")
+    if limit is not None and limit < 1:
+        raise SpecdecError(f"--limit {limit} is below 1; give how many prompts to use, or leave it out for all.")
     if not flush_seconds >= 0:
         raise SpecdecError(f"--flush-seconds {flush_seconds} is not 0 or more; give the seconds between writes "
                            "(0: after every batch).")
@@ -129,6 +137,17 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     if not 0 <= warmup_ratio <= 1:
         raise SpecdecError(f"--warmup-ratio {warmup_ratio} is outside 0..1; give the share of the steps that warm "
                            "up, e.g. 0.04.")
+    if not (math.isfinite(lr) and lr > 0):
+        raise SpecdecError(f"--lr {lr} is not a finite number above 0; give the peak learning rate, e.g. 6e-4.")
+    if max_sequence_length < 2:
+        raise SpecdecError(f"--max-sequence-length {max_sequence_length} is below 2; give the longest sequence "
+                           "(prompt + response) to train on, e.g. 1024.")
+    if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
+        raise SpecdecError(f"--max-minutes {max_minutes} is not a finite number above 0; give the time budget, or "
+                           "leave it out.")
+    if eval_every < 0 or eval_prompts < 0:
+        raise SpecdecError("--eval-every and --eval-prompts must be 0 or more (0: evaluate only at the end, or "
+                           "not at all).")
     DataDir(data_dir).read_index()
     run = os.path.abspath(run_dir)
     prepare_run_dir(run, resume, overwrite, writer=int(os.environ.get("RANK", "0")) == 0)
