@@ -111,7 +111,9 @@ def test_a_plugin_command_cannot_shadow_a_builtin_and_clashes_name_both(tmp_path
     get_registry.cache_clear()
     try:
         assert run_cli("run", "--help").exit_code == 0 and "PROMPT" in run_cli("run", "--help").output
-        assert run_cli("hello").output.strip() == "two"
+        lines = run_cli("hello").output.strip().splitlines()
+        assert lines[-1] == "two"
+        assert any("specdec-one 0.1 adds a command 'run'" in line and "hides" in line for line in lines[:-1])
         monkeypatch.setenv("SPECDEC_LOAD_PLUGINS", "two,three")
         get_registry.cache_clear()
         result = run_cli("hello")

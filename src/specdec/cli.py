@@ -103,12 +103,19 @@ class SpecdecGroup(click.Group):
     top level of every command's errors."""
 
     def _plugin_commands(self) -> dict[str, click.Command]:
-        from .plugins import get_registry
+        from .plugins import get_commands, get_registry
 
         try:
-            commands = get_registry().commands
+            commands = get_commands()
         except SpecdecError as exc:  # e.g. two plugins adding one command: a sentence, not a traceback
             _exit(f"error: {exc}", EXIT_USAGE)
+        shadowed = sorted(set(commands) & set(self.commands))
+        if shadowed and not getattr(self, "_warned", False):
+            origins = get_registry().origins
+            click.echo("warning: " + "; ".join(f"{origins[('commands', name)]} adds a command {name!r}, which "
+                                               "specdec's own command of that name hides" for name in shadowed),
+                       err=True)
+            self._warned = True
         return {name: cmd for name, cmd in commands.items() if name not in self.commands}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -243,9 +250,10 @@ def run(prompt: str, proposer: str | None, model: str | None, draft: str | None,
 def plugins(as_json: bool) -> None:
     """List every registered proposer, verifier, cache and plugin command, with the distribution it came from."""
     from .api import default_proposer
-    from .plugins import get_registry
+    from .plugins import get_commands, get_registry
 
     registry = get_registry()
+    get_commands()  # plugin commands are collected on first use
     default = default_proposer(None)
     rows = []
     for kind in ("proposers", "verifiers", "caches", "commands"):

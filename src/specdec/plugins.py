@@ -93,7 +93,6 @@ def collect(pm: pluggy.PluginManager, labels: dict[str, str]) -> Registry:
                 registry.origins[(_kind, name)] = _origin
 
             impl.function(register=register)
-    _collect_commands(pm, labels, registry)
     return registry
 
 
@@ -114,9 +113,26 @@ def _collect_commands(pm: pluggy.PluginManager, labels: dict[str, str], registry
 
 @lru_cache(maxsize=1)
 def get_registry() -> Registry:
-    """The registry of every loaded plugin (cached; call ``get_registry.cache_clear()`` after installing one)."""
+    """The registry of every loaded plugin (cached; call ``get_registry.cache_clear()`` after installing one).
+    Its `commands` are empty until `get_commands()` collects them."""
     pm, labels = make_plugin_manager()
-    return collect(pm, labels)
+    registry = collect(pm, labels)
+    _COMMAND_SOURCES[id(registry)] = (pm, labels)
+    return registry
+
+
+#: registry id -> the plugin manager whose commands are not collected yet (library use never collects them)
+_COMMAND_SOURCES: dict[int, tuple[pluggy.PluginManager, dict[str, str]]] = {}
+
+
+def get_commands() -> dict[str, click.Command]:
+    """The CLI commands plugins add (`register_commands`), collected on first use: only the command line needs
+    them, so importing specdec as a library never runs a plugin's command code."""
+    registry = get_registry()
+    source = _COMMAND_SOURCES.pop(id(registry), None)
+    if source is not None:
+        _collect_commands(*source, registry)
+    return registry.commands
 
 
 def _lookup(kind: str, name: str, unknown: str) -> type:
