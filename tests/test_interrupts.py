@@ -26,7 +26,8 @@ from conftest import tiny_model, tiny_tokenizer
 from safetensors.torch import load_file
 
 from specdec.cli import main
-from specdec.training.data import DataDir, Interrupted, generate_data, prompt_key
+from specdec.training.data import DataDir, generate_data, prompt_key
+from specdec.training.interrupts import Interrupted
 
 DRIVER = r"""
 import json, os, sys, time

@@ -435,7 +435,8 @@ def test_output_folders_holding_other_files_are_refused(tiny_setup, tmp_path):
 
 
 def test_a_second_writer_is_refused(tmp_path):
-    from specdec.training.data import folder_lock, generate_data
+    from specdec.training.data import generate_data
+    from specdec.training.interrupts import folder_lock
 
     model, tokenizer = _generating_model(), tiny_tokenizer()
     prompts = tmp_path / "p.jsonl"

@@ -40,7 +40,8 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
                   limit, seed, flush_seconds, overwrite) -> None:
     """Regenerate responses with the target for every prompt (resumable: done prompts are skipped)."""
     from .. import loading
-    from .data import Interrupted, generate_data, generation_settings, prepare_data_dir, read_prompts
+    from .data import generate_data, generation_settings, prepare_data_dir, read_prompts
+    from .interrupts import Interrupted
 
     files: list[str] = []
     for path in prompt_paths:
@@ -116,7 +117,8 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     from ..api import resolve_cache
     from ..plugins import get_objective_class, get_proposer_class
     from ..target import TargetModel
-    from .data import DataDir, Interrupted
+    from .data import DataDir
+    from .interrupts import Interrupted
     from .trainer import TrainSettings, prepare_run_dir
     from .trainer import train as run_training
 

@@ -39,7 +39,8 @@ from safetensors.torch import load_file
 
 from ..errors import SpecdecError
 from ..files import atomic_save_file, atomic_write_json, claim_output_dir
-from .data import DataDir, Interrupted, InterruptGuard, folder_lock
+from .data import DataDir
+from .interrupts import Interrupted, InterruptGuard, folder_lock
 from .objective import TrainingObjective
 
 
