@@ -392,3 +392,52 @@ def test_unknown_backend_is_rejected(monkeypatch):
     monkeypatch.setenv("SPECDEC_KERNELS", "cuda")
     with pytest.raises(ValueError, match="Unknown kernel backend"):
         dispatch.resolve_backend("auto", torch.device("cpu"))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Dispatch of the ragged ops (their meaning is tested in tests/test_ragged_verify.py).
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _run_ragged(backend: str, device: str = "cpu", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ks = [3, 0, 2]
+    cu = torch.tensor([0, 3, 3, 5])
+    logits = torch.randn(sum(ks) + len(ks), 50, generator=g)
+    draft = logits.argmax(-1)[torch.tensor([0, 1, 2, 5, 6])]  # row b's draft i is judged at row cu[b] + b + i
+    draft[4] = (draft[4] + 1) % 50
+    q = torch.softmax(torch.randn(sum(ks), 50, generator=g), -1)
+    logits, draft, q, cu = logits.to(device), draft.to(device), q.to(device), cu.to(device)
+    greedy = dispatch.greedy_verify_ragged(logits, draft, cu, backend=backend)
+    sampler = torch.Generator(device=device).manual_seed(seed)
+    sampled = dispatch.rejection_sample_ragged(torch.softmax(logits, -1), draft, cu, q, sampler, backend=backend)
+    return greedy, sampled
+
+
+def test_ragged_dispatch_picks_torch_on_cpu_and_obeys_the_variable(monkeypatch):
+    monkeypatch.delenv("SPECDEC_KERNELS", raising=False)
+    greedy_torch = _Spy(dispatch.greedy_verify_ragged_torch)
+    rejection_torch = _Spy(dispatch.rejection_sample_ragged_torch)
+    monkeypatch.setattr(dispatch, "greedy_verify_ragged_torch", greedy_torch)
+    monkeypatch.setattr(dispatch, "rejection_sample_ragged_torch", rejection_torch)
+    want = _run_ragged("auto")
+    assert greedy_torch.calls == 1 and rejection_torch.calls == 1
+    assert want[0][0].tolist() == [3, 0, 1] and want[0][1].shape == (3, 4)
+    if tk is None:
+        return
+    import specdec_kernels.triton_ragged as tr
+
+    if DEVICE == "cpu" and type(tr._ragged_greedy_accept_kernel).__name__ != "InterpretedFunction":
+        tr = importlib.reload(tr)
+    greedy_triton = _Spy(tr.greedy_verify_ragged_triton)
+    rejection_triton = _Spy(tr.rejection_sample_ragged_triton)
+    monkeypatch.setattr(tr, "greedy_verify_ragged_triton", greedy_triton)
+    monkeypatch.setattr(tr, "rejection_sample_ragged_triton", rejection_triton)
+    if DEVICE != "cpu":
+        want = _run_ragged("torch", DEVICE)  # the device's own random stream
+    torch_calls = greedy_torch.calls
+    monkeypatch.setenv("SPECDEC_KERNELS", "triton")
+    got = _run_ragged("torch", DEVICE)  # the variable overrides the argument
+    assert greedy_triton.calls == 1 and rejection_triton.calls == 1 and greedy_torch.calls == torch_calls
+    for g, w in zip(got, want, strict=True):  # same generator seed: the same draws, the same tokens
+        _same(g, w)
