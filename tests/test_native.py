@@ -220,3 +220,25 @@ def test_taps_survive_the_hand_over_and_a_chosen_native_cache_refuses_a_late_hoo
     assert_same(auto.prefill(ids), reference.prefill(ids))
     with pytest.raises(SpecdecError, match="no longer covers this model.*model.layers.1 has forward hooks"):
         chosen.prefill(ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_rows_of_one_length_joining_with_add_rows_take_the_shared_length_path_bit_for_bit(kind, dtype):
+    native, reference = paired(kind, dtype)
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 128, (2, 11), generator=gen)
+    native.reset()
+    assert_same(native.add_rows(list(prompt)), reference.prefill(prompt))
+    feed = torch.randint(0, 128, (2, 4), generator=gen)
+    assert_same(native.forward(feed), reference.forward(feed))
+    for target in (native, reference):
+        target.crop([13, 13])
+    tokens, parents = from_paths([[5, 6], [7]])
+    tree_feed = torch.cat([feed[:, :1], torch.tensor([tokens, tokens])], dim=1)
+    assert_same(native.forward(tree_feed, tree_parents=parents), reference.forward(tree_feed, tree_parents=parents))
+    for target in (native, reference):
+        target.retain([14, 14], torch.tensor([[0, 1], [0, 1]]))
+    step = torch.randint(0, 128, (2, 1), generator=gen)
+    assert_same(native.forward(step), reference.forward(step))
+    assert native.cache_lengths == reference.cache_lengths == [17, 17]

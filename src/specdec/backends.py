@@ -51,7 +51,8 @@ def positions_after(lengths: Sequence[int], n: int, tree_parents: list[int] | No
 
 
 class TargetBackend:
-    """A target's forward and KV cache. Lengths are per row; every row holds the same count until batching."""
+    """A target's forward and KV cache. Lengths are per row: the native backend holds rows of different lengths,
+    the transformers backend rows of one length."""
 
     cache: KVCache | None
 
@@ -81,6 +82,18 @@ class TargetBackend:
     def retain(self, lengths: Sequence[int], indices: torch.Tensor) -> None:
         assert self.cache is not None, "call reset() before the first forward"
         self.cache.retain(lengths, indices)
+
+    def drop_rows(self, rows: Sequence[int]) -> None:
+        """Remove these rows from the batch (see TargetModel.drop_rows)."""
+        raise NotImplementedError(self._fixed_rows())
+
+    def add_rows(self, prompts: Sequence[torch.Tensor], tap_ids: list[int]) -> TargetOutput:
+        """Prefill these prompts (1-D) into new rows after the others (see TargetModel.add_rows)."""
+        raise NotImplementedError(self._fixed_rows())
+
+    def _fixed_rows(self) -> str:
+        return (f"The {self.cache_name!r} cache keeps one batch of rows of one length, so rows cannot leave or join "
+                "it; the native cache (cache='native', for Llama, Qwen2 and Qwen3 targets) can.")
 
     def add_tap(self, layer_id: int) -> None:
         """Capture this decoder layer's output in every later forward."""
@@ -129,11 +142,36 @@ class NativeBackend(TargetBackend):
         cache = self.cache
         assert isinstance(cache, native.NativeKVCache), "call reset() before the first forward"
         batch, n = input_ids.shape
-        start = cache.length()
-        positions = positions_after([start] * batch, n, tree_parents, input_ids.device)
-        mask = None if tree_parents is None else tree.bool_mask(tree_parents, start, input_ids.device)
+        lengths = cache.lengths() or [0] * batch
+        if len(lengths) != batch:
+            raise ValueError(f"The cache holds a batch of {len(lengths)} rows, not {batch}; reset it first.")
+        if all(length == lengths[0] for length in lengths):  # one shared length: the path it always took
+            start = lengths[0]
+            positions = positions_after([start] * batch, n, tree_parents, input_ids.device)
+            mask = None if tree_parents is None else tree.bool_mask(tree_parents, start, input_ids.device)
+        else:  # ragged rows: each row's tokens after its own length, masks per row (native.row_mask)
+            positions = positions_after(lengths, n, tree_parents, input_ids.device)
+            visible = None if tree_parents is None else tree.visibility(tree_parents)
+            mask = native.row_mask(lengths, n, visible, input_ids.device)
         logits, taps = self.forward_pass(input_ids, positions, cache, mask, tap_ids, logits_to_keep=logits_to_keep)
         assert logits is not None
+        return TargetOutput(logits=logits, taps=taps)
+
+    def drop_rows(self, rows: Sequence[int]) -> None:
+        assert isinstance(self.cache, native.NativeKVCache), "call reset() before the first forward"
+        self.cache.drop_rows(rows)
+
+    def add_rows(self, prompts: Sequence[torch.Tensor], tap_ids: list[int]) -> TargetOutput:
+        assert isinstance(self.cache, native.NativeKVCache), "call reset() before the first forward"
+        counts = [int(p.numel()) for p in prompts]
+        ids = prompts[0].new_zeros(len(prompts), max(counts))  # right padding (token 0): masked, then not counted
+        for row, prompt in enumerate(prompts):
+            ids[row, : counts[row]] = prompt
+        joining = self.cache_class(self.model)  # the new rows are read alone (one length: 0), then appended
+        positions = positions_after([0] * len(prompts), ids.shape[1], None, ids.device)
+        logits, taps = self.forward_pass(ids, positions, joining, None, tap_ids, logits_to_keep=1, counts=counts)
+        assert logits is not None
+        self.cache.append_rows(joining)
         return TargetOutput(logits=logits, taps=taps)
 
     def taps_only(self, input_ids: torch.Tensor, tap_ids: list[int]) -> dict[int, torch.Tensor]:
@@ -163,6 +201,23 @@ class TransformersBackend(TargetBackend):
     def cache_name(self) -> str:
         return self.cache_class.name
 
+    def _one_length(self, lengths: Sequence[int]) -> int:
+        if lengths and any(int(n) != int(lengths[0]) for n in lengths):
+            raise NotImplementedError(
+                f"The transformers backend (cache {self.cache_name!r}) keeps rows of one length; got per-row lengths "
+                f"{[int(n) for n in lengths]}. Rows of different lengths need the native cache (cache='native', "
+                "for Llama, Qwen2 and Qwen3 targets).")
+        return same_length(lengths, "The transformers backend")
+
+    def crop(self, lengths: Sequence[int]) -> None:
+        if self.cache is not None and self.cache.lengths():
+            self._one_length(lengths)
+        super().crop(lengths)
+
+    def retain(self, lengths: Sequence[int], indices: torch.Tensor) -> None:
+        self._one_length(lengths)
+        super().retain(lengths, indices)
+
     def reset(self) -> None:
         self.cache = self.cache_class(self.model)
         if not hasattr(self.cache, "hf_cache"):  # a property, or an attribute set by the cache's __init__
@@ -182,7 +237,7 @@ class TransformersBackend(TargetBackend):
                 tree_parents: list[int] | None) -> TargetOutput:
         assert self.cache is not None, "call reset() before the first forward"
         batch, n = input_ids.shape
-        start = same_length(self.cache.lengths() or [0] * batch, "The transformers backend")
+        start = self._one_length(self.cache.lengths() or [0] * batch)
         extra: dict[str, Any] = {}
         if tree_parents is not None:
             dtype = self.model.get_input_embeddings().weight.dtype

@@ -203,6 +203,33 @@ class TargetModel:
             indices = indices.unsqueeze(0).expand(len(lengths), -1)
         self.backend.retain(lengths, indices)
 
+    # -- rows leaving and joining the batch (the native cache; the transformers backend refuses) ------------
+    def drop_rows(self, rows: Sequence[int]) -> None:
+        """Rows leave the batch: their cache rows are removed and the others close up, in order (row indices
+        after the first dropped one shift down). The cache's buffer is resized for the rows that stay."""
+        self.backend.drop_rows([operator.index(r) for r in rows])
+
+    @torch.inference_mode()
+    def add_rows(self, prompts: Sequence[torch.Tensor | Sequence[int]]) -> TargetOutput:
+        """Rows join the batch: each prompt (token ids, 1-D or [1, T], of any lengths) is read into a new row
+        after the rows held, which keep their state. Call reset() first to start a new batch (before the first
+        forward a fresh cache is made). Returns, for the new rows only: logits at each prompt's last token
+        [k, 1, V], and taps for every prompt position, right-padded to the longest prompt [k, T_max, H] (row j's
+        first len(prompts[j]) positions are its own).
+
+        Rows of different lengths then step together: `forward` feeds [B, n] tokens after each row's own length
+        (rows with fewer tokens pad on the right, then `crop` each row to what it holds), `crop` and `retain`
+        take one length per row."""
+        ids = [torch.as_tensor(p, dtype=torch.long, device=self.device).reshape(-1) for p in prompts]
+        if not ids:
+            raise SpecdecError("add_rows needs at least one prompt.")
+        empty = [j for j, p in enumerate(ids) if p.numel() == 0]
+        if empty:
+            raise SpecdecError(f"add_rows: prompt {empty[0]} is empty; each new row needs at least one token.")
+        if self.backend.cache is None:
+            self.reset()
+        return self.backend.add_rows(ids, self._tap_ids)
+
     @torch.inference_mode()
     def _run(self, input_ids: torch.Tensor, logits_to_keep: int,
              tree_parents: list[int] | None = None) -> TargetOutput:
