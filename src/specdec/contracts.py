@@ -1,5 +1,5 @@
 """The public contracts between the engine and its plugins: proposers, verifiers, caches, training objectives,
-and the target as plugins see it.
+draft exporters, and the target as plugins see it.
 
 Every tensor is batch-shaped ([B, ...]) even where the engine only runs B = 1 today. This module imports
 nothing concrete of specdec: implementations import it, never the other way round.
@@ -341,13 +341,43 @@ class TrainingObjective:
 
 
 @dataclass
+class ExportedDraft:
+    """What `specdec export` writes for a draft: config.json's object, model.safetensors' tensors, and other
+    JSON files beside them (file name -> JSON value)."""
+
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    files: dict[str, Any] = field(default_factory=dict)
+
+
+class DraftExporter:
+    """Writes a plugin's drafts in the layouts serving engines read (`specdec export --format`). Registered with
+    `register_exporters`; the command owns the output folder (what it refuses, replaces and writes atomically),
+    the exporter only says what goes in it."""
+
+    name: ClassVar[str] = ""
+    #: config.json `architectures` of the drafts this exporter writes
+    architectures: ClassVar[tuple[str, ...]] = ()
+    #: the layouts it writes, as `--format` names them
+    formats: ClassVar[tuple[str, ...]] = ()
+    description: ClassVar[str] = ""
+
+    def contents(self, draft: Path, fmt: str, verifier: str | None = None) -> ExportedDraft:  # pragma: no cover
+        """The export of the draft in `draft` in layout `fmt` (one of `formats`); a draft that cannot be read is
+        refused with a SpecdecError, before anything is written. `verifier`: the target's name or path, for
+        layouts that record it."""
+        raise NotImplementedError
+
+
+@dataclass
 class Registry:
-    """Every proposer, verifier and cache class, with the distribution each came from."""
+    """Every proposer, verifier, cache, objective and exporter class, with the distribution each came from."""
 
     proposers: dict[str, type[Proposer]] = field(default_factory=dict)
     verifiers: dict[str, type[Verifier]] = field(default_factory=dict)
     caches: dict[str, type[KVCache]] = field(default_factory=dict)
     objectives: dict[str, type[TrainingObjective]] = field(default_factory=dict)
+    exporters: dict[str, type[DraftExporter]] = field(default_factory=dict)
     #: CLI commands plugins add (`register_commands`), by name: click.Command objects
     commands: dict[str, Any] = field(default_factory=dict)
     origins: dict[tuple[str, str], str] = field(default_factory=dict)

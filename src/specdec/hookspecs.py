@@ -63,3 +63,14 @@ def register_commands(cli) -> None:
         ``@cli.command()``). A plugin's command name must not collide with specdec's own commands or another
         plugin's. specdec's ``export`` comes from the plugins whose drafts can be exported this way.
     """
+
+
+@hookspec
+def register_exporters(register: Callable[[type], None]) -> None:
+    """Register draft exporters for ``specdec export``.
+
+    :param register: call ``register(cls)`` for each :class:`specdec.contracts.DraftExporter` subclass.
+        ``cls.architectures`` are the ``config.json`` architectures of the drafts it writes (``specdec export``
+        picks the exporter by them, so one command exports every plugin's drafts) and ``cls.formats`` the
+        layouts it writes (``--format``); ``cls.name`` must be unique across all plugins.
+    """

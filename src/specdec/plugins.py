@@ -15,12 +15,21 @@ import click
 import pluggy
 
 from . import hookspecs
-from .contracts import KVCache, Proposer, Registry, TrainingObjective, Verifier, cache_api_problem
+from .contracts import (
+    DraftExporter,
+    KVCache,
+    Proposer,
+    Registry,
+    TrainingObjective,
+    Verifier,
+    cache_api_problem,
+)
 from .errors import PluginError
 
 ENV_ALLOWLIST = "SPECDEC_LOAD_PLUGINS"
 BUILTIN_DISTRIBUTION = "specdec (built-in)"
-_KINDS = {"proposers": Proposer, "verifiers": Verifier, "caches": KVCache, "objectives": TrainingObjective}
+_KINDS = {"proposers": Proposer, "verifiers": Verifier, "caches": KVCache, "objectives": TrainingObjective,
+          "exporters": DraftExporter}
 
 
 def _allowed_entry_points() -> set[str] | None:

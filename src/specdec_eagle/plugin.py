@@ -1,4 +1,5 @@
-"""Entry point of the eagle3 plugin (group `specdec`): the proposer and its training objective."""
+"""Entry point of the eagle3 plugin (group `specdec`): the proposer, its training objective and its exporter
+(`specdec export`, the dflash plugin's command, writes EAGLE-3 drafts through it)."""
 
 import specdec
 
@@ -15,3 +16,10 @@ def register_objectives(register):
     from .training import Eagle3Objective
 
     register(Eagle3Objective)
+
+
+@specdec.hookimpl
+def register_exporters(register):
+    from .export import Eagle3Exporter
+
+    register(Eagle3Exporter)
