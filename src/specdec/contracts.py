@@ -255,8 +255,8 @@ class KVCache:
 
     def retain(self, lengths: Sequence[int], indices: torch.Tensor) -> None:
         """After a tree draft: keep row b's first `lengths[b]` positions, then those at `lengths[b] +
-        indices[b]` (indices: [B, n], the accepted tree nodes, in order), and drop the rest. Caches that cannot
-        only take chain drafts."""
+        indices[b]` (indices: [B, n], the accepted tree nodes, in order; a row keeping fewer pads on the right
+        with -1, as Verdict.path does), and drop the rest. Caches that cannot only take chain drafts."""
         raise NotImplementedError(f"The {type(self).name!r} cache cannot keep a tree draft's accepted path.")
 
 
