@@ -81,24 +81,35 @@ def build_proposer_config(proposer: str, options: Mapping[str, Any]) -> Proposer
         raise SpecdecError(format_validation_error(proposer, exc)) from None
 
 
-def validate_generation_args(prompt: str, max_new_tokens: int) -> None:
-    if isinstance(prompt, (list, tuple)):
-        raise SpecdecError(f"generate() takes one prompt (a string) and was given a {type(prompt).__name__} of "
-                           f"{len(prompt)} prompts; batching is not supported yet, so call generate() once per prompt.")
+def validate_generation_args(prompt: str, max_new_tokens: int, where: str = "The prompt") -> None:
     if not isinstance(prompt, str):
-        raise SpecdecError(f"The prompt must be a string, got {type(prompt).__name__}; pass text, or token ids to "
+        raise SpecdecError(f"{where} must be a string, got {type(prompt).__name__}; pass text, or token ids to "
                            "generate_ids().")
     if not prompt or not prompt.strip():
-        raise SpecdecError("The prompt is empty; give the text to continue.")
+        raise SpecdecError(f"{where} is empty; give the text to continue.")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:  # a command-line byte that is not UTF-8 arrives as a lone surrogate
         bad = prompt[exc.start]
         byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"{bad!r}"
-        raise SpecdecError(f"The prompt is not valid UTF-8 ({byte} at character {exc.start}); give the text in "
+        raise SpecdecError(f"{where} is not valid UTF-8 ({byte} at character {exc.start}); give the text in "
                            "UTF-8.") from None
-    if max_new_tokens < 1:
-        raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be at least 1, got {max_new_tokens!r}.")
+
+
+def validate_prompts(prompts: Any, max_new_tokens: int) -> list[str]:
+    """A list of prompts, each checked (the first bad one named by its index) before any work."""
+    if isinstance(prompts, str):
+        validate_generation_args(prompts, max_new_tokens)
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise SpecdecError(f"The prompt must be a string or a list of strings, got {type(prompts).__name__}.")
+    if not prompts:
+        raise SpecdecError("The list of prompts is empty; give at least one prompt.")
+    for i, prompt in enumerate(prompts):
+        validate_generation_args(prompt, max_new_tokens, where=f"Prompt {i}")
+    return list(prompts)
 
 
 class SpeculativeDecoder:
@@ -174,7 +185,7 @@ class SpeculativeDecoder:
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | list[str],
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -182,34 +193,79 @@ class SpeculativeDecoder:
         seed: int | None = None,
         stop: str | list[str] | None = None,
         raw: bool = False,
-        on_text: Callable[[str], None] | None = None,
-    ) -> GenerationOutput:
-        validate_generation_args(prompt, max_new_tokens)
-        input_ids = self.encode_prompt(prompt, raw=raw)
-        return self.generate_ids(input_ids, max_new_tokens, temperature, top_k, top_p, seed, stop, on_text)
+        on_text: Callable[..., None] | None = None,
+        batch_size: int | None = None,
+    ) -> GenerationOutput | list[GenerationOutput]:
+        """Continue one prompt (a string: one output) or several (a list: one output per prompt, in order).
+
+        Several prompts decode as a batch of at most `batch_size` rows (None: see Engine.generate_batch), each
+        with exactly the output it would have alone: greedy output token for token, and sampled output with
+        the same `seed` the same draw. `on_text(text)` streams one prompt's text; with a list it is called as
+        `on_text(index, text)`."""
+        prompts = validate_prompts(prompt, max_new_tokens)
+        ids = [self.encode_prompt(p, raw=raw)[0] for p in prompts]
+        if isinstance(prompt, str):
+            return self.generate_ids(ids[0].unsqueeze(0), max_new_tokens, temperature, top_k, top_p, seed, stop,
+                                     on_text)
+        return self.generate_ids(ids, max_new_tokens, temperature, top_k, top_p, seed, stop, on_text,
+                                 batch_size=batch_size)
 
     def generate_ids(
         self,
-        input_ids: torch.Tensor | list[int],
+        input_ids: torch.Tensor | list[int] | list[list[int]] | list[torch.Tensor],
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int | None = None,
         stop: str | list[str] | None = None,
-        on_text: Callable[[str], None] | None = None,
-    ) -> GenerationOutput:
-        if not isinstance(input_ids, torch.Tensor):
-            input_ids = torch.tensor([list(input_ids)], dtype=torch.long)
+        on_text: Callable[..., None] | None = None,
+        batch_size: int | None = None,
+    ) -> GenerationOutput | list[GenerationOutput]:
+        """Continue token ids: one prompt ([1, T] or a list of ints: one output) or several (a list of id lists
+        or 1-D tensors, or [B, T] with B > 1: one output per prompt, in order)."""
+        many = _as_prompt_list(input_ids)
         stop = as_stop_strings(stop)
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
         tokenizer = self.target.tokenizer
-        streamer = _TextStreamer(tokenizer, on_text) if on_text is not None and tokenizer is not None else None
-        result = self.engine.generate(input_ids.to(self.target.device), max_new_tokens, sampling, seed=seed,
-                                      stop_strings=stop, on_tokens=streamer)
+        if many is None:
+            ids = torch.as_tensor(input_ids, dtype=torch.long)
+            ids = ids.unsqueeze(0) if ids.dim() == 1 else ids
+            streamer = _TextStreamer(tokenizer, on_text) if on_text is not None and tokenizer is not None else None
+            result = self.engine.generate(ids.to(self.target.device), max_new_tokens, sampling, seed=seed,
+                                          stop_strings=stop, on_tokens=streamer)
+            return self._output(result)
+        streams: dict[int, _TextStreamer] = {}
+
+        def on_tokens(index: int, tokens: list[int]) -> None:
+            if index not in streams:
+                streams[index] = _TextStreamer(tokenizer, lambda text: on_text(index, text))  # type: ignore[misc]
+            streams[index](tokens)
+
+        callback = on_tokens if on_text is not None and tokenizer is not None else None
+        results = self.engine.generate_batch(many, max_new_tokens, sampling, seeds=[seed] * len(many),
+                                             stop_strings=stop, batch_size=batch_size, on_tokens=callback)
+        return [self._output(result) for result in results]
+
+    def _output(self, result: Any) -> GenerationOutput:
+        tokenizer = self.target.tokenizer
         text = tokenizer.decode(result.token_ids, skip_special_tokens=True) if tokenizer is not None else ""
         return GenerationOutput(text=text, token_ids=result.token_ids, stats=result.stats,
                                 stop_reason=result.stop_reason)
+
+
+def _as_prompt_list(input_ids: Any) -> list[torch.Tensor] | None:
+    """Several prompts as 1-D tensors, or None for one prompt ([1, T], [T] or a list of ints)."""
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 2 and input_ids.shape[0] > 1:
+            return list(input_ids)
+        return None
+    if isinstance(input_ids, (list, tuple)) and input_ids and all(
+            isinstance(p, (list, tuple, torch.Tensor)) for p in input_ids):
+        return [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in input_ids]
+    if isinstance(input_ids, (list, tuple)) and not input_ids:
+        raise SpecdecError("No prompts were given; pass token ids, or a list of token-id lists.")
+    return None
 
 
 def as_stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> list[str]:

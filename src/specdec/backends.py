@@ -11,6 +11,7 @@ place (`make_backend`, from the `cache` argument: auto | native | dynamic | a re
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,9 @@ from . import native, tree
 from .caches import DynamicKVCache
 from .contracts import KVCache, TargetOutput, cache_api_problem, same_length
 from .errors import SpecdecError
+
+#: a tree draft's parents for the verification forward: one list for every row, a list per row, or None (chains)
+TreeParents = list[int] | list[list[int]] | None
 
 BUILTIN_CACHES: dict[str, type[KVCache]] = {"native": native.NativeKVCache, "dynamic": DynamicKVCache}
 
@@ -98,9 +102,16 @@ class TargetBackend:
     def add_tap(self, layer_id: int) -> None:
         """Capture this decoder layer's output in every later forward."""
 
+    def fork(self) -> TargetBackend:
+        """The same forward over the same weights, with no cache and no taps yet (see TargetModel.fork)."""
+        clone = copy.copy(self)
+        clone.cache = None
+        return clone
+
     def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
-                tree_parents: list[int] | None) -> TargetOutput:
-        """Feed [B, n] tokens after the cached ones (a tree under the first when `tree_parents` is given)."""
+                tree_parents: TreeParents) -> TargetOutput:
+        """Feed [B, n] tokens after the cached ones (a tree under the first when `tree_parents` is given: one
+        list of n - 1 parents for every row, or a list per row; only the native backend takes a list per row)."""
         raise NotImplementedError  # pragma: no cover - interface
 
     def taps_only(self, input_ids: torch.Tensor, tap_ids: list[int]) -> dict[int, torch.Tensor]:
@@ -138,20 +149,29 @@ class NativeBackend(TargetBackend):
         self.forward_pass.prepacked.refresh()  # weights changed in place since are packed again
 
     def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
-                tree_parents: list[int] | None) -> TargetOutput:
+                tree_parents: TreeParents) -> TargetOutput:
         cache = self.cache
         assert isinstance(cache, native.NativeKVCache), "call reset() before the first forward"
         batch, n = input_ids.shape
         lengths = cache.lengths() or [0] * batch
         if len(lengths) != batch:
             raise ValueError(f"The cache holds a batch of {len(lengths)} rows, not {batch}; reset it first.")
-        if all(length == lengths[0] for length in lengths):  # one shared length: the path it always took
+        per_row = tree_parents is not None and bool(tree_parents) and isinstance(tree_parents[0], list)
+        if per_row:  # a tree per row: positions and masks per row, whatever the lengths
+            rows_parents: list[list[int]] = tree_parents  # type: ignore[assignment]
+            if len(rows_parents) != batch or any(len(p) != n - 1 for p in rows_parents):
+                raise ValueError(f"Per-row tree parents take {batch} lists of {n - 1} ints.")
+            offsets = torch.tensor([[0, *tree.depths(p)] for p in rows_parents], device=input_ids.device)
+            positions = torch.tensor(lengths, device=input_ids.device).unsqueeze(1) + offsets
+            visible = torch.stack([tree.visibility(p) for p in rows_parents])  # [B, n, n]
+            mask = native.row_mask(lengths, n, visible, input_ids.device)
+        elif all(length == lengths[0] for length in lengths):  # one shared length: the path it always took
             start = lengths[0]
-            positions = positions_after([start] * batch, n, tree_parents, input_ids.device)
-            mask = None if tree_parents is None else tree.bool_mask(tree_parents, start, input_ids.device)
+            positions = positions_after([start] * batch, n, tree_parents, input_ids.device)  # type: ignore[arg-type]
+            mask = None if tree_parents is None else tree.bool_mask(tree_parents, start, input_ids.device)  # type: ignore[arg-type]
         else:  # ragged rows: each row's tokens after its own length, masks per row (native.row_mask)
-            positions = positions_after(lengths, n, tree_parents, input_ids.device)
-            visible = None if tree_parents is None else tree.visibility(tree_parents)
+            positions = positions_after(lengths, n, tree_parents, input_ids.device)  # type: ignore[arg-type]
+            visible = None if tree_parents is None else tree.visibility(tree_parents)  # type: ignore[arg-type]
             mask = native.row_mask(lengths, n, visible, input_ids.device)
         logits, taps = self.forward_pass(input_ids, positions, cache, mask, tap_ids, logits_to_keep=logits_to_keep)
         assert logits is not None
@@ -224,6 +244,12 @@ class TransformersBackend(TargetBackend):
             raise SpecdecError(f"The cache {self.cache_class.name!r} has no `hf_cache` for transformers' forward; "
                                "choose a cache made for it (dynamic).")
 
+    def fork(self) -> TransformersBackend:
+        clone = super().fork()
+        assert isinstance(clone, TransformersBackend)
+        clone._captured, clone._hooks = {}, []  # the fork's own hooks capture into its own dict
+        return clone
+
     def add_tap(self, layer_id: int) -> None:
         def hook(_module, _inputs, output):
             self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
@@ -234,9 +260,12 @@ class TransformersBackend(TargetBackend):
         self._hooks.append(self.layers[layer_id].register_forward_hook(hook))
 
     def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
-                tree_parents: list[int] | None) -> TargetOutput:
+                tree_parents: TreeParents) -> TargetOutput:
         assert self.cache is not None, "call reset() before the first forward"
         batch, n = input_ids.shape
+        if tree_parents and isinstance(tree_parents[0], list):
+            raise NotImplementedError(f"The transformers backend (cache {self.cache_name!r}) takes one tree for every "
+                                      "row; a tree per row needs the native cache.")
         start = self._one_length(self.cache.lengths() or [0] * batch)
         extra: dict[str, Any] = {}
         if tree_parents is not None:

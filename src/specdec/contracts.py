@@ -7,6 +7,7 @@ nothing concrete of specdec: implementations import it, never the other way roun
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +192,15 @@ class Proposer:
 
     def reset(self) -> None:
         """Forget all per-sequence state before a new generation."""
+
+    def fork(self) -> Proposer:
+        """A proposer with the same options and weights and per-sequence state of its own: the engine drafts
+        each row of a batch with its own proposer (the first row with this one). The default copies the object
+        shallowly and calls reset(), so reset() must assign fresh per-sequence state rather than clear shared
+        containers in place; a proposer owning a KV cache of its own (the draft-model proposer) overrides it."""
+        clone = copy.copy(self)
+        clone.reset()
+        return clone
 
 
 class Verifier:

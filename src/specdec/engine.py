@@ -1,160 +1,47 @@
-"""The decoding loop: propose, verify in one target forward, commit, roll back (DESIGN.md, data path)."""
+"""The decoding loop over a batch of rows (DESIGN.md, data path): prompts join as rows, each row's proposer
+drafts, one target forward verifies every row's draft, each row commits what its verifier accepted, the cache
+rolls each row back to what it holds, and finished rows leave so that waiting prompts can join (continuous
+batching within one call, as vLLM's scheduler does across requests)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import torch
 
 from . import tree
-from .contracts import DecodeState, Draft, Proposer, Verdict, Verifier
-from .errors import PluginError, SpecdecError
+from .contracts import Draft, Proposer, TargetOutput, Verdict, Verifier
+from .draft_checks import chains_only, check_draft, on_device
+from .errors import SpecdecError
+from .generation import EngineResult, GenerationStats, Row, StopChecker
 from .sampling import SamplingParams
 from .target import TargetModel
 
+__all__ = ["DEFAULT_BATCH_SIZE", "Engine", "EngineResult", "GenerationStats", "StopChecker"]
 
-@dataclass
-class GenerationStats:
-    num_generated_tokens: int = 0
-    num_target_forwards: int = 0
-    #: tokens committed by each verification step (accepted draft tokens + 1); plain decoding gives 1s
-    acceptance_lengths: list[int] = field(default_factory=list)
-    #: per draft position j: how many steps proposed a token there, and how many accepted it
-    proposed_per_position: list[int] = field(default_factory=list)
-    accepted_per_position: list[int] = field(default_factory=list)
-    prefill_seconds: float = 0.0
-    propose_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    wall_seconds: float = 0.0
+#: rows decoded together when the caller names no batch size (and the target's cache can hold several)
+DEFAULT_BATCH_SIZE = 16
 
-    def record_step(self, num_accepted: int, num_proposed: int) -> None:
-        """One verification step: `num_proposed` draft positions (a tree's depth), the first `num_accepted`
-        of them accepted."""
-        self.num_target_forwards += 1
-        self.acceptance_lengths.append(num_accepted + 1)
-        while len(self.proposed_per_position) < num_proposed:
-            self.proposed_per_position.append(0)
-            self.accepted_per_position.append(0)
-        for j in range(num_proposed):
-            self.proposed_per_position[j] += 1
-            self.accepted_per_position[j] += int(j < num_accepted)
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        steps = self.acceptance_lengths
-        return sum(steps) / len(steps) if steps else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.num_generated_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    @property
-    def other_seconds(self) -> float:
-        return max(0.0, self.wall_seconds - self.prefill_seconds - self.propose_seconds - self.verify_seconds)
-
-    def to_dict(self) -> dict:
-        return {
-            "num_generated_tokens": self.num_generated_tokens,
-            "num_target_forwards": self.num_target_forwards,
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "acceptance_lengths": list(self.acceptance_lengths),
-            "tokens_per_second": self.tokens_per_second,
-            "wall_seconds": self.wall_seconds,
-            "proposed_per_position": list(self.proposed_per_position),
-            "accepted_per_position": list(self.accepted_per_position),
-            "prefill_seconds": self.prefill_seconds,
-            "propose_seconds": self.propose_seconds,
-            "verify_seconds": self.verify_seconds,
-            "other_seconds": self.other_seconds,
-        }
-
-
-@dataclass
-class EngineResult:
-    token_ids: list[int]
-    stats: GenerationStats
-    stop_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "context"
-
-
-class StopChecker:
-    """Finds the first newly emitted token that ends generation: an EOS id or the completion of a stop string."""
-
-    def __init__(self, eos_token_ids: set[int], stop_strings: list[str], tokenizer) -> None:
-        self.eos = eos_token_ids
-        self.stop_strings = [s for s in stop_strings if s]
-        if self.stop_strings and tokenizer is None:
-            raise SpecdecError("Stop strings need a tokenizer to decode text; load the target with its tokenizer.")
-        self.tokenizer = tokenizer
-        # enough tokens of left context that a stop string is never cut at the window's edge
-        self._window = max((len(s) for s in self.stop_strings), default=0) + 8
-
-    def first_stop(self, generated: list[int], num_new: int) -> tuple[int, str] | None:
-        """Index into `generated` of the token that stops generation among the last `num_new`, and why."""
-        start = len(generated) - num_new
-        for i in range(start, len(generated)):
-            if generated[i] in self.eos:
-                return i, "eos"
-            if self.stop_strings:
-                text = self.tokenizer.decode(generated[max(0, i + 1 - self._window - num_new): i + 1])
-                if any(s in text for s in self.stop_strings):
-                    return i, "stop_string"
-        return None
+#: on_tokens(row index among the prompts, newly committed token ids)
+TokensCallback = Callable[[int, list[int]], None]
 
 
 class Engine:
+    """Runs a proposer and a verifier against a target, losslessly, over one or many prompts.
+
+    Each row of a batch is drafted by a proposer of its own (the engine's proposer for the first slot, its
+    `fork()`s for the others), so per-sequence draft state never mixes between rows; the target reads every row
+    in one forward, rows of different lengths side by side (the native cache keeps a length per row)."""
+
     def __init__(self, target: TargetModel, proposer: Proposer, greedy_verifier: Verifier,
                  sampling_verifier: Verifier) -> None:
         self.target = target
         self.proposer = proposer
         self.greedy_verifier = greedy_verifier
         self.sampling_verifier = sampling_verifier
-
-    def _check_draft(self, draft: Draft, state: DecodeState, verifier: Verifier) -> None:
-        """A proposer may suggest anything, but only in the shape the contract allows."""
-        name = f"Proposer {type(self.proposer).name!r} ({type(self.proposer).__module__})"
-        tokens = draft.tokens
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] != state.batch_size:
-            shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-            raise PluginError(f"{name} returned draft tokens of shape {shape}; expected a LongTensor "
-                              f"[{state.batch_size}, k].")
-        if tokens.dtype not in (torch.int64, torch.int32):
-            raise PluginError(f"{name} returned draft tokens of dtype {tokens.dtype}; expected torch.long.")
-        if draft.parents is not None:
-            self._check_tree(name, draft, state, verifier)
-        elif tokens.shape[1] > state.max_draft_tokens:
-            raise PluginError(f"{name} proposed {tokens.shape[1]} tokens but at most {state.max_draft_tokens} "
-                              "were allowed (state.max_draft_tokens).")
-        vocab = self.target.vocab_size
-        if tokens.numel() and bool(((tokens < 0) | (tokens >= vocab)).any()):
-            raise PluginError(f"{name} proposed token ids outside the vocabulary [0, {vocab}).")
-        if draft.probs is not None and tuple(draft.probs.shape) != (state.batch_size, tokens.shape[1], vocab):
-            raise PluginError(f"{name} returned draft probs of shape {tuple(draft.probs.shape)}; expected "
-                              f"[{state.batch_size}, {tokens.shape[1]}, {vocab}].")
-
-    def _check_tree(self, name: str, draft: Draft, state: DecodeState, verifier: Verifier) -> None:
-        parents = draft.parents
-        if not isinstance(parents, list) or len(parents) != draft.num_tokens:
-            raise PluginError(f"{name} returned a tree draft whose parents are not a list of {draft.num_tokens} "
-                              "ints, one per draft token.")
-        problem = tree.check_parents(parents)
-        if problem is not None:
-            raise PluginError(f"{name} returned a malformed tree draft: {problem}.")
-        if draft.probs is not None:
-            raise PluginError(f"{name} returned a tree draft with probs; tree drafts must be point masses "
-                              "(leave Draft.probs None).")
-        depth = max(tree.depths(parents), default=0)
-        if depth > state.max_draft_tokens:
-            raise PluginError(f"{name} proposed a tree {depth} tokens deep but at most {state.max_draft_tokens} "
-                              "were allowed (state.max_draft_tokens).")
-        if not self.target.can_retain:
-            raise SpecdecError(f"{name} returned a tree draft, but the target's KV cache cannot keep a "
-                               "tree's accepted path for this model (sliding-window attention); use a chain draft"
-                               f"{_chain_hint(self.proposer)}.")
-        if not verifier.supports_trees:  # a proposer that says so in drafts_trees() is refused before any work
-            raise PluginError(f"{name} returned a tree draft but the verifier {type(verifier).name!r} takes "
-                              "chains only, and the proposer's drafts_trees() did not say it would draft trees.")
+        self._forks: list[Proposer] = []  # proposers for batch slots after the first, made once and kept
 
     def verifier_for(self, sampling: SamplingParams) -> Verifier:
         """The verifier for this kind of decoding; one sentence, before any work, if it is not exact for it or
@@ -164,9 +51,10 @@ class Engine:
         if problem is not None:
             raise SpecdecError(problem)
         if not verifier.supports_trees and self.proposer.drafts_trees(sampling):
-            raise SpecdecError(_chains_only(verifier, self.proposer))
+            raise SpecdecError(chains_only(verifier, self.proposer))
         return verifier
 
+    # -- front doors -----------------------------------------------------------------------------------------
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -176,152 +64,227 @@ class Engine:
         stop_strings: list[str] | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> EngineResult:
-        """Generate after `prompt_ids` [B, T]; returns the generated ids (the stop token included).
-
-        Calls from several threads are serialised: a generation holds the target's lock (one per model
-        object) from its prefill to its last step, since the KV cache, the proposer's draft state and the
-        model's tap hooks belong to the sequence in progress. Input is checked before the lock is taken.
-        """
+        """Generate after one prompt `prompt_ids` [1, T]; returns the generated ids (the stop token included)."""
         if prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
             raise SpecdecError("The prompt is empty; give at least one token of text.")
         if prompt_ids.shape[0] != 1:
-            raise SpecdecError(f"Batch size {prompt_ids.shape[0]} is not supported yet; generate one prompt at a time.")
-        if max_new_tokens < 1:
-            raise SpecdecError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
-        context = self.target.max_context
-        prompt_length = int(prompt_ids.shape[1])
-        if prompt_length >= context:
-            raise SpecdecError(f"The prompt has {prompt_length} tokens but the model's context window is {context}; "
-                               "shorten the prompt.")
+            raise SpecdecError(f"generate() takes one prompt [1, T], not {prompt_ids.shape[0]} rows; give several "
+                               "prompts to generate_batch().")
+        callback = None if on_tokens is None else (lambda _row, tokens: on_tokens(tokens))
+        return self.generate_batch([prompt_ids[0]], max_new_tokens, sampling, seeds=[seed],
+                                   stop_strings=stop_strings, batch_size=1, on_tokens=callback)[0]
+
+    def generate_batch(
+        self,
+        prompts: Sequence[torch.Tensor],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        seeds: Sequence[int | None] | None = None,
+        stop_strings: list[str] | None = None,
+        batch_size: int | None = None,
+        on_tokens: TokensCallback | None = None,
+    ) -> list[EngineResult]:
+        """Generate after each prompt (1-D token ids); one result per prompt, in order. At most `batch_size`
+        rows decode together (None: up to DEFAULT_BATCH_SIZE where the cache can hold rows of different
+        lengths, else one); the others wait and join as rows finish. Row i samples with its own generator,
+        seeded with `seeds[i]`, so a prompt's output does not depend on the prompts beside it.
+
+        Every prompt is checked before any work (an invalid one is named by its index), and the call holds the
+        target's lock (one per model object) from its first prefill to its last step: the KV cache, the
+        proposers' draft state and the model's tap hooks belong to the rows in progress.
+        """
+        rows = self._rows(prompts, max_new_tokens, sampling, seeds, stop_strings)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise SpecdecError(f"The batch size must be a whole number of at least 1, got {batch_size!r}.")
         verifier = self.verifier_for(sampling)
-        device = self.target.device
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        run = Generation(prompt_ids.to(device), min(max_new_tokens, context - prompt_length), sampling, generator,
-                         StopChecker(self.target.eos_token_ids, stop_strings or [], self.target.tokenizer))
         with self.target.lock.hold():
-            return self._run(run, verifier, on_tokens)
+            self.target.reset()  # may hand the model to transformers' forward (see TargetModel._recheck_backend)
+            if batch_size is None:
+                batch_size = DEFAULT_BATCH_SIZE if self.target.can_batch else 1
+            elif batch_size > 1 and not self.target.can_batch:
+                raise SpecdecError(f"Batch size {batch_size} needs a cache that keeps rows of different lengths; "
+                                   f"this target runs on the {self.target.cache_name!r} cache, which does not "
+                                   "(the native cache does, for Llama, Qwen2 and Qwen3 targets): use batch size 1.")
+            return self._run(rows, verifier, min(batch_size, len(rows)), on_tokens)
 
-    def _run(self, run: Generation, verifier: Verifier, on_tokens: Callable[[list[int]], None] | None) -> EngineResult:
+    def _rows(self, prompts: Sequence[torch.Tensor], max_new_tokens: int, sampling: SamplingParams,
+              seeds: Sequence[int | None] | None, stop_strings: list[str] | None) -> list[Row]:
+        """One Row per prompt, every prompt checked first (one sentence naming the first bad one)."""
+        if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+            raise SpecdecError("No prompts were given; pass a list of at least one prompt.")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise SpecdecError(f"max_new_tokens must be at least 1, got {max_new_tokens!r}.")
+        seeds = [None] * len(prompts) if seeds is None else list(seeds)
+        if len(seeds) != len(prompts):
+            raise SpecdecError(f"{len(seeds)} seeds were given for {len(prompts)} prompts; give one per prompt.")
+        context, device = self.target.max_context, self.target.device
+        which = (lambda i: f"Prompt {i}") if len(prompts) > 1 else (lambda i: "The prompt")
+        ids = []
+        for i, prompt in enumerate(prompts):
+            prompt = torch.as_tensor(prompt, dtype=torch.long).reshape(-1)
+            if prompt.numel() == 0:
+                raise SpecdecError(f"{which(i)} is empty; give at least one token of text.")
+            if prompt.numel() >= context:
+                raise SpecdecError(f"{which(i)} has {prompt.numel()} tokens but the model's context window is "
+                                   f"{context}; shorten it.")
+            ids.append(prompt.to(device))
+        stops = StopChecker(self.target.eos_token_ids, stop_strings or [], self.target.tokenizer)
+        rows = []
+        for i, (prompt, seed) in enumerate(zip(ids, seeds, strict=True)):
+            generator = torch.Generator(device=device)
+            generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+            rows.append(Row(i, prompt, min(max_new_tokens, context - prompt.numel()), sampling, generator, stops))
+        return rows
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def _run(self, rows: list[Row], verifier: Verifier, batch_size: int,
+             on_tokens: TokensCallback | None) -> list[EngineResult]:
+        waiting, active = deque(rows), []
+        idle = self._proposers(batch_size)
+        while waiting or active:
+            if waiting and len(active) < batch_size:
+                joining = [waiting.popleft() for _ in range(min(batch_size - len(active), len(waiting)))]
+                self.admit(joining, active, idle, verifier, on_tokens)
+            else:
+                for row, tokens in zip(active, self.step(active, verifier), strict=True):
+                    if on_tokens is not None and tokens:
+                        on_tokens(row.index, tokens)
+            self._retire(active, idle, last=not waiting)
+        return [row.result(self.target.max_context) for row in rows]
+
+    def _proposers(self, slots: int) -> list[Proposer]:
+        """One proposer per batch slot, the engine's own last (slots are taken with pop())."""
+        while len(self._forks) < slots - 1:
+            self._forks.append(self.proposer.fork())
+        return [*self._forks[: slots - 1], self.proposer]
+
+    def admit(self, joining: list[Row], active: list[Row], idle: list[Proposer], verifier: Verifier,
+              on_tokens: TokensCallback | None) -> None:
+        """The target reads the joining prompts into new rows; each prompt's last logits give its first token
+        (a step with an empty draft), and its proposer reads the prompt."""
         start = time.perf_counter()
-        self.proposer.reset()
-        self.prefill(run, verifier)
-        run.stats.prefill_seconds = time.perf_counter() - start  # the proposer's reset included
-        if on_tokens is not None:
-            on_tokens(list(run.generated))
-        while not run.finished:
-            new_tokens = self.step(run, verifier)
-            if on_tokens is not None and new_tokens:
-                on_tokens(new_tokens)
-        if run.stop_reason == "max_new_tokens" and run.prompt_length + len(run.generated) >= self.target.max_context:
-            run.stop_reason = "context"
-        run.stats.num_generated_tokens = len(run.generated)
-        run.stats.wall_seconds = time.perf_counter() - start
-        return EngineResult(token_ids=run.generated, stats=run.stats, stop_reason=run.stop_reason)
+        if self.target.can_batch:
+            out = self.target.add_rows([row.prompt_ids for row in joining])  # logits [k, 1, V], taps [k, T_max, H]
+        else:  # one row at a time (the batch size is 1): a fresh cache per prompt
+            out = self.target.prefill(joining[0].prompt_ids.unsqueeze(0))
+        for j, row in enumerate(joining):
+            row.joined_at = start
+            row.proposer = idle.pop()
+            row.proposer.reset()
+            logits = out.logits[j: j + 1]
+            verdict = verifier.verify(logits, Draft(tokens=row.buffer.new_empty(1, 0)), row.sampling, row.generator)
+            tokens = row.commit(verdict.emitted[0, :1])
+            row.stats.num_target_forwards += 1
+            if not row.finished:
+                taps = {i: t[j: j + 1, : row.prompt_length] for i, t in out.taps.items()}
+                row.proposer.prefill(row.state(0), TargetOutput(logits=logits, taps=taps))
+            active.append(row)
+            if on_tokens is not None:
+                on_tokens(row.index, tokens)
+        elapsed = time.perf_counter() - start  # the proposers' resets and prefills included
+        for row in joining:
+            row.stats.prefill_seconds = elapsed
 
-    def prefill(self, run: Generation, verifier: Verifier) -> None:
-        """The target reads the prompt; its logits give the first token (a step with an empty draft). Called
-        by `generate` with the target's lock held, as is `step`."""
-        out = self.target.prefill(run.committed())
-        verdict = verifier.verify(out.logits, Draft(tokens=run.buffer.new_empty(1, 0)), run.sampling, run.generator)
-        run.commit(verdict.emitted[0, :1])
-        run.stats.num_target_forwards += 1
-        if not run.finished:
-            self.proposer.prefill(run.state(0), out)
-
-    def step(self, run: Generation, verifier: Verifier) -> list[int]:
-        """Propose, verify in one target forward, commit, roll the cache back; returns the committed tokens."""
-        t0 = time.perf_counter()
-        max_draft = run.max_new_tokens - len(run.generated) - 1
-        current = run.state(max_draft)
-        draft = self.proposer.propose(current) if max_draft > 0 else Draft(tokens=run.buffer.new_empty(1, 0))
-        self._check_draft(draft, current, verifier)
-        draft = _on_device(draft, run.buffer.device)
-        t1 = time.perf_counter()
-        length = run.length
-        feed = torch.cat([run.buffer[:, length - 1: length], draft.tokens.to(run.buffer.dtype)], dim=1)
-        parents = None if draft.parents is None or tree.is_chain(draft.parents) else draft.parents
-        out = self.target.forward(feed, tree_parents=parents)
-        verdict: Verdict = verifier.verify(out.logits, draft, run.sampling, run.generator)
-        n = int(verdict.num_accepted[0])
+    def step(self, rows: list[Row], verifier: Verifier) -> list[list[int]]:
+        """One speculative step for every row: each row's proposer drafts; one target forward reads each row's
+        [last committed token, draft], right-padded to the widest; each row is verified on its own logits
+        with its own generator; the cache keeps what each row accepted. Returns each row's committed tokens."""
+        drafts = [self._propose(row, verifier) for row in rows]
+        drafted = time.perf_counter()
+        for row in rows:
+            row.stats.propose_seconds += row.last_propose_seconds
+        width = 1 + max(draft.num_tokens for draft in drafts)
+        feed = torch.zeros(len(rows), width, dtype=torch.long, device=self.target.device)  # [B, 1 + k_max]
+        for b, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
+            feed[b, 0] = row.buffer[0, row.length - 1]
+            feed[b, 1: 1 + draft.num_tokens] = draft.tokens[0]
+        trees = [None if d.parents is None or tree.is_chain(d.parents) else d.parents for d in drafts]
+        parents: list[int] | list[list[int]] | None = None
+        if any(t is not None for t in trees):  # one tree for one row, else a tree per row (chains as trees)
+            parents = trees[0] if len(rows) == 1 else [padded_parents(d, width - 1) for d in drafts]
+        out = self.target.forward(feed, tree_parents=parents)  # logits [B, 1 + k_max, V]
+        verdicts = [verifier.verify(out.logits[b: b + 1, : d.num_tokens + 1], d, row.sampling, row.generator)
+                    for b, (row, d) in enumerate(zip(rows, drafts, strict=True))]
+        accepted = [int(v.num_accepted[0]) for v in verdicts]
+        lengths = [row.length for row in rows]  # committed before this step; the cache held one fewer
         if parents is None:
-            proposed = draft.num_tokens
-            self.target.crop([length + n])
-        else:  # keep the accepted path in the cache, and show the proposer the chain it became
-            proposed = max(tree.depths(parents))
+            self.target.crop([length + n for length, n in zip(lengths, accepted, strict=True)])
+        else:  # keep each row's accepted path (a chain row's is its first n tokens)
+            self.target.retain(lengths, accepted_paths(verdicts, trees, accepted, self.target.device))
+        verified = time.perf_counter()
+        committed = []
+        for b, (row, draft, verdict, n) in enumerate(zip(rows, drafts, verdicts, accepted, strict=True)):
+            row_tree = trees[b]
+            row.stats.record_step(n, draft.num_tokens if row_tree is None else max(tree.depths(row_tree)))
+            row.stats.verify_seconds += verified - drafted
+            committed.append(row.commit(verdict.emitted[0, : n + 1]))
+            if not row.finished:
+                observed = time.perf_counter()
+                assert row.proposer is not None
+                row.proposer.observe(row.state(0), verdict, row_output(out, b, draft, verdict, n, row_tree))
+                row.stats.propose_seconds += time.perf_counter() - observed
+        return committed
+
+    def _propose(self, row: Row, verifier: Verifier) -> Draft:
+        start = time.perf_counter()
+        budget = row.draft_budget
+        state = row.state(budget)
+        assert row.proposer is not None
+        draft = row.proposer.propose(state) if budget > 0 else Draft(tokens=row.buffer.new_empty(1, 0))
+        check_draft(row.proposer, self.target, draft, state, verifier)
+        row.last_propose_seconds = time.perf_counter() - start
+        return on_device(draft, row.buffer.device)
+
+    def _retire(self, active: list[Row], idle: list[Proposer], last: bool) -> None:
+        """Finished rows leave the batch (and the cache); their proposers wait for the next prompt. When the
+        last rows finish the cache is left as the last step made it (the next generation resets it)."""
+        done = [b for b, row in enumerate(active) if row.finished]
+        if not done:
+            return
+        if self.target.can_batch and not (last and len(done) == len(active)):
+            self.target.drop_rows(done)
+        now = time.perf_counter()
+        for b in reversed(done):
+            row = active.pop(b)
+            row.stats.wall_seconds = now - row.joined_at
+            assert row.proposer is not None
+            idle.append(row.proposer)
+            row.proposer = None
+
+
+def padded_parents(draft: Draft, size: int) -> list[int]:
+    """A row's draft as a tree of `size` nodes for a forward where other rows draft more: a chain keeps its
+    parents (each token under the one before); the padding nodes hang under the root, so no real node sees
+    them, and the cache drops them."""
+    k = draft.num_tokens
+    parents = list(draft.parents) if draft.parents is not None else list(range(-1, k - 1))
+    return parents + [-1] * (size - k)
+
+
+def accepted_paths(verdicts: list[Verdict], trees: list[list[int] | None], accepted: list[int],
+                   device: torch.device) -> torch.Tensor:
+    """Each row's accepted draft nodes [B, max accepted], -1 padded (KVCache.retain's indices)."""
+    paths = torch.full((len(verdicts), max(accepted)), -1, dtype=torch.long, device=device)
+    for b, (verdict, row_tree, n) in enumerate(zip(verdicts, trees, accepted, strict=True)):
+        if n == 0:
+            continue
+        if row_tree is None:
+            paths[b, :n] = torch.arange(n, device=device)
+        else:
             assert verdict.path is not None, "tree verifiers return the accepted path"
-            path = verdict.path[:, :n].to(run.buffer.device)
-            self.target.retain([length], path)
-            out = out.select(torch.cat([path.new_zeros(1), path[0] + 1]))
-        run.stats.record_step(n, proposed)
-        run.stats.propose_seconds += t1 - t0
-        run.stats.verify_seconds += time.perf_counter() - t1
-        new_tokens = run.commit(verdict.emitted[0, : n + 1])
-        if not run.finished:
-            t3 = time.perf_counter()
-            self.proposer.observe(run.state(0), verdict, out)
-            run.stats.propose_seconds += time.perf_counter() - t3
-        return new_tokens
+            paths[b, :n] = verdict.path[0, :n].to(device)
+    return paths
 
 
-class Generation:
-    """One sequence being generated: its committed tokens, what it has emitted, when it stops, its statistics."""
-
-    def __init__(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
-                 generator: torch.Generator, stops: StopChecker) -> None:
-        self.prompt_length = int(prompt_ids.shape[1])
-        self.max_new_tokens = max_new_tokens
-        self.sampling, self.generator, self.stops = sampling, generator, stops
-        self.buffer = torch.empty(1, self.prompt_length + max_new_tokens, dtype=torch.long,
-                                  device=prompt_ids.device)  # [1, prompt + new]
-        self.buffer[:, : self.prompt_length] = prompt_ids
-        self.length = self.prompt_length
-        self.generated: list[int] = []
-        self.stats = GenerationStats()
-        self.stop_reason = "max_new_tokens"
-        self.stopped = False
-
-    @property
-    def finished(self) -> bool:
-        return self.stopped or len(self.generated) >= self.max_new_tokens
-
-    def committed(self) -> torch.Tensor:
-        return self.buffer[:, : self.length]
-
-    def state(self, max_draft: int) -> DecodeState:
-        return DecodeState(tokens=self.committed(), max_draft_tokens=max_draft, prompt_length=self.prompt_length,
-                           sampling=self.sampling, generator=self.generator, lengths=[self.length])
-
-    def commit(self, verified: torch.Tensor) -> list[int]:
-        """Append the verified tokens [n], cut at the first that ends generation; returns those kept for output.
-        The buffer keeps every verified token: the target's cache holds them all."""
-        tokens = verified.tolist()
-        self.buffer[0, self.length: self.length + len(tokens)] = verified
-        self.length += len(tokens)
-        self.generated.extend(tokens)
-        stopped = self.stops.first_stop(self.generated, len(tokens))
-        if stopped is None:
-            return tokens
-        cut = stopped[0] + 1
-        dropped = len(self.generated) - cut
-        del self.generated[cut:]
-        self.stop_reason, self.stopped = stopped[1], True
-        return tokens[: len(tokens) - dropped]
-
-
-def _chain_hint(proposer: Proposer) -> str:
-    hint = type(proposer).chain_hint
-    return f" ({hint})" if hint else ""
-
-
-def _chains_only(verifier: Verifier, proposer: Proposer) -> str:
-    return (f"The verifier {type(verifier).name!r} takes chains only but the proposer {type(proposer).name!r} "
-            f"drafts trees; choose a verifier that takes trees, or a chain draft{_chain_hint(proposer)}.")
-
-
-def _on_device(draft: Draft, device: torch.device) -> Draft:
-    """The draft on the target's device: a proposer may well draft on the host (n-gram tables, a CPU draft)."""
-    if draft.tokens.device == device and (draft.probs is None or draft.probs.device == device):
-        return draft
-    return replace(draft, tokens=draft.tokens.to(device),
-                   probs=None if draft.probs is None else draft.probs.to(device))
+def row_output(out: TargetOutput, b: int, draft: Draft, verdict: Verdict, accepted: int,
+               row_tree: list[int] | None) -> TargetOutput:
+    """Row b's part of the verification forward, as a one-row proposer sees it: logits and taps at the last
+    committed token and its draft; for a tree, at the accepted path, seen as the chain it became."""
+    width = draft.num_tokens + 1
+    row = TargetOutput(logits=out.logits[b: b + 1, :width], taps={i: t[b: b + 1, :width] for i, t in out.taps.items()})
+    if row_tree is None:
+        return row
+    assert verdict.path is not None, "tree verifiers return the accepted path"
+    path = verdict.path[0, :accepted].to(out.logits.device)
+    return row.select(torch.cat([path.new_zeros(1), path + 1]))

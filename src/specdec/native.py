@@ -265,8 +265,8 @@ class NativeKVCache(KVCache):
 def row_mask(lengths: Sequence[int], n: int, visible: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     """Bool [B, n, max(lengths) + n] for n new tokens after rows of different lengths (True = may attend): query j
     of row b sees that row's own past (keys 0 .. lengths[b] - 1) and, among the new tokens written at lengths[b]
-    onward, those `visible[j]` allows (bool [n, n]; None: causal). Every other slot (the stale tail of a shorter
-    row) is masked out."""
+    onward, those `visible[j]` allows (bool [n, n], or [B, n, n] for a tree per row; None: causal). Every other
+    slot (the stale tail of a shorter row) is masked out."""
     batch = len(lengths)
     held = torch.tensor(list(lengths), device=device).view(batch, 1, 1)
     relative = torch.arange(max(lengths) + n, device=device).view(1, 1, -1) - held  # [B, 1, T]: slot - length
@@ -276,7 +276,8 @@ def row_mask(lengths: Sequence[int], n: int, visible: torch.Tensor | None, devic
     else:
         inside = (relative >= 0) & (relative < n)
         index = relative.clamp(0, n - 1).expand(batch, n, -1)
-        new = inside & visible.to(device).unsqueeze(0).expand(batch, n, n).gather(2, index)
+        per_row = visible if visible.dim() == 3 else visible.unsqueeze(0)
+        new = inside & per_row.to(device).expand(batch, n, n).gather(2, index)
     return (relative < 0) | new
 
 
@@ -335,7 +336,9 @@ class NativeForward:
         rows: list[int] | None = None  # the per-row lengths, when rows differ
         if cache is not None:
             lengths = cache.lengths()
-            if lengths and any(length != lengths[0] for length in lengths):
+            # rows of different lengths, or a mask per row (a tree per row): per-row slots and masks
+            if lengths and (any(length != lengths[0] for length in lengths)
+                            or (attention_mask is not None and attention_mask.dim() == 3)):
                 rows = lengths
             else:
                 start = cache.length()

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backends import TargetBackend, TransformersBackend, base_model, decoder_layers, make_backend
+from .backends import TargetBackend, TransformersBackend, TreeParents, base_model, decoder_layers, make_backend
 from .caches import DynamicKVCache
 from .contracts import KVCache, TargetOutput, same_length
 from .errors import SpecdecError
@@ -203,6 +203,21 @@ class TargetModel:
             indices = indices.unsqueeze(0).expand(len(lengths), -1)
         self.backend.retain(lengths, indices)
 
+    @property
+    def can_batch(self) -> bool:
+        """Whether rows of different lengths can step together, leave and join (the native cache can)."""
+        return type(self.backend).add_rows is not TargetBackend.add_rows
+
+    def fork(self) -> TargetModel:
+        """Another TargetModel over the same model and weights with a cache of its own (a draft model per batch
+        row). Taps requested here are requested there too."""
+        clone = TargetModel.__new__(TargetModel)
+        clone.__dict__.update(self.__dict__)
+        clone.backend = self.backend.fork()
+        clone._tap_ids = []
+        clone.request_taps(self._tap_ids)
+        return clone
+
     # -- rows leaving and joining the batch (the native cache; the transformers backend refuses) ------------
     def drop_rows(self, rows: Sequence[int]) -> None:
         """Rows leave the batch: their cache rows are removed and the others close up, in order (row indices
@@ -232,7 +247,7 @@ class TargetModel:
 
     @torch.inference_mode()
     def _run(self, input_ids: torch.Tensor, logits_to_keep: int,
-             tree_parents: list[int] | None = None) -> TargetOutput:
+             tree_parents: TreeParents = None) -> TargetOutput:
         assert self.backend.cache is not None, "call reset() before the first forward"
         return self.backend.forward(input_ids, self._tap_ids, logits_to_keep, tree_parents)
 
@@ -257,7 +272,8 @@ class TargetModel:
             logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)
             return TargetOutput(logits=logits, taps=self.backend.taps_only(input_ids, self._tap_ids))
 
-    def forward(self, input_ids: torch.Tensor, tree_parents: list[int] | None = None) -> TargetOutput:
+    def forward(self, input_ids: torch.Tensor, tree_parents: TreeParents = None) -> TargetOutput:
         """Feed [B, n] tokens at the positions following the cache; logits for all n positions. With
-        `tree_parents` (n - 1 ints, see `specdec.tree`) the tokens after the first form a tree under it."""
+        `tree_parents` (n - 1 ints, see `specdec.tree`) the tokens after the first form a tree under it; a list
+        of such lists gives each row its own tree (the native cache only)."""
         return self._run(input_ids, logits_to_keep=0, tree_parents=tree_parents)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated
 
 import torch
@@ -35,6 +36,12 @@ class DraftModelProposer(Proposer):
 
     def reset(self) -> None:
         self._cached = None
+
+    def fork(self) -> DraftModelProposer:
+        clone = copy.copy(self)
+        clone.draft = self.draft.fork()  # the same draft weights, a KV cache per row
+        clone.reset()
+        return clone
 
     def _catch_up(self, tokens: torch.Tensor) -> torch.Tensor:
         """Bring the draft cache to exactly `tokens` [1, T]; returns the draft's logits [1, 1, V] after them."""
