@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any, NoReturn
 
 import click
@@ -166,7 +167,11 @@ def main(debug: bool) -> None:
 
 
 @main.command()
-@click.argument("prompt")
+@click.argument("prompt", required=False)
+@click.option("--prompts", "prompts_file", default=None, metavar="FILE.jsonl", help="Many prompts, one JSON object "
+              "per line with a \"prompt\" string (and optionally an \"id\"), decoded as a batch instead of PROMPT.")
+@click.option("--batch-size", "-b", default=None, type=int, help="With --prompts: rows decoded together (others "
+              "join as rows finish). Default: 16 where the target's cache keeps rows of different lengths, else 1.")
 @click.option("--proposer", "-p", default=None, help="Proposer name (see `specdec plugins`); default: the best "
               "one that needs no options (dflash with the shipped draft on the embedded model, else ngram).")
 @click.option("--model", "-m", default=None, help="Target: a local transformers folder, a .gguf file or a hub id. "
@@ -189,13 +194,14 @@ def main(debug: bool) -> None:
               "temperature 0, rejection sampling above.")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the chat template.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids, stats and "
-              "stop_reason (eos, stop_string, max_new_tokens or context).")
+              "stop_reason (eos, stop_string, max_new_tokens or context); with --prompts, one per line, in order.")
 @user_errors
-def run(prompt: str, proposer: str | None, model: str | None, draft: str | None, opts: tuple[str, ...],
-        max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int | None,
-        stop: tuple[str, ...], dtype: str, device: str | None, cache: str, verifier: str | None, raw: bool,
-        as_json: bool) -> None:
-    """Generate a reply to PROMPT (a user message) with speculative decoding."""
+def run(prompt: str | None, prompts_file: str | None, batch_size: int | None, proposer: str | None,
+        model: str | None, draft: str | None, opts: tuple[str, ...], max_new_tokens: int, temperature: float,
+        top_k: int, top_p: float, seed: int | None, stop: tuple[str, ...], dtype: str, device: str | None,
+        cache: str, verifier: str | None, raw: bool, as_json: bool) -> None:
+    """Generate a reply to PROMPT (a user message) with speculative decoding; or to every prompt of a JSONL
+    file (--prompts), as a batch."""
     from .api import (
         SpeculativeDecoder,
         build_proposer_config,
@@ -205,7 +211,17 @@ def run(prompt: str, proposer: str | None, model: str | None, draft: str | None,
     )
     from .sampling import SamplingParams
 
-    validate_generation_args(prompt, max_new_tokens)
+    if (prompt is None) == (prompts_file is None):
+        raise SpecdecError("Give either PROMPT or --prompts FILE.jsonl (not both, not neither); see `specdec run "
+                           "--help`.")
+    if batch_size is not None and prompts_file is None:
+        raise SpecdecError("--batch-size needs --prompts FILE.jsonl (one PROMPT is one row).")
+    check_count("--batch-size", batch_size)
+    if prompts_file is not None:
+        ids, texts = read_prompts(prompts_file)
+    else:
+        validate_generation_args(prompt, max_new_tokens)
+        ids, texts = [None], [prompt]
     check_count("--max-new-tokens", max_new_tokens)
     check_temperature("--temperature", temperature)
     check_count("--top-k", top_k, minimum=0, off="0 turns it off")
@@ -224,16 +240,17 @@ def run(prompt: str, proposer: str | None, model: str | None, draft: str | None,
         check_verifier(verifier, sampling)
     decoder = SpeculativeDecoder.from_pretrained(model, proposer=name, dtype=dtype, device=device, cache=cache,
                                                  verifier=verifier, **options)
+    if prompts_file is not None:
+        _run_batch(decoder, name, ids, texts, batch_size, as_json, dict(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop=list(stop), raw=raw))
+        return
     stream = not as_json and sys.stdout.isatty()
     on_text = (lambda text: (click.echo(text, nl=False), sys.stdout.flush())) if stream else None
-    out = decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+    out = decoder.generate(texts[0], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                            top_p=top_p, seed=seed, stop=list(stop), raw=raw, on_text=on_text)
     if as_json:
-        stats = out.stats.to_dict()
-        keys = ("num_generated_tokens", "num_target_forwards", "mean_acceptance_length", "acceptance_lengths",
-                "tokens_per_second", "wall_seconds")
-        click.echo(json.dumps({"text": out.text, "token_ids": out.token_ids,
-                               "stats": {k: stats[k] for k in keys}, "stop_reason": out.stop_reason}))
+        click.echo(json.dumps(_json_record(out)))
         return
     if stream:
         click.echo()
@@ -242,6 +259,53 @@ def run(prompt: str, proposer: str | None, model: str | None, draft: str | None,
     s = out.stats
     click.echo(f"[{name}] {s.num_generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s, mean acceptance "
                f"length {s.mean_acceptance_length:.2f}, {s.num_target_forwards} target forwards", err=True)
+
+
+_JSON_STATS = ("num_generated_tokens", "num_target_forwards", "mean_acceptance_length", "acceptance_lengths",
+               "tokens_per_second", "wall_seconds")
+
+
+def _json_record(out: Any) -> dict[str, Any]:
+    stats = out.stats.to_dict()
+    return {"text": out.text, "token_ids": out.token_ids, "stats": {k: stats[k] for k in _JSON_STATS},
+            "stop_reason": out.stop_reason}
+
+
+def read_prompts(path: str) -> tuple[list[Any], list[str]]:
+    """The ids and prompt texts of a --prompts JSONL file, every line checked before any model loads."""
+    from .api import validate_generation_args
+    from .jsonl import json_type, read_jsonl
+
+    ids, texts = [], []
+    for where, record in read_jsonl(path, "--prompts file"):
+        text = record.get("prompt")
+        if not isinstance(text, str):
+            got = "no \"prompt\"" if "prompt" not in record else f"a JSON {json_type(text)} as \"prompt\""
+            raise SpecdecError(f"{where} has {got}; write {{\"prompt\": \"...\"}} on each line.")
+        validate_generation_args(text, 1, where=f"The prompt on {where}")
+        ids.append(record.get("id"))
+        texts.append(text)
+    if not texts:
+        raise SpecdecError(f"{path} holds no prompts; write one JSON object per line, {{\"prompt\": \"...\"}}.")
+    return ids, texts
+
+
+def _run_batch(decoder: Any, name: str, ids: list[Any], texts: list[str], batch_size: int | None, as_json: bool,
+               options: dict[str, Any]) -> None:
+    """Every prompt as a batch; one JSON line per prompt in order (--json), else each reply under a header."""
+    start = time.perf_counter()
+    outs = decoder.generate(texts, batch_size=batch_size, **options)
+    wall = time.perf_counter() - start
+    for index, (ident, out) in enumerate(zip(ids, outs, strict=True)):
+        if as_json:
+            record = {"index": index, **({"id": ident} if ident is not None else {}), **_json_record(out)}
+            click.echo(json.dumps(record))
+        else:
+            click.echo(f"### {index if ident is None else ident}\n{out.text}\n")
+    tokens = sum(out.stats.num_generated_tokens for out in outs)
+    steps = [n for out in outs for n in out.stats.acceptance_lengths]
+    click.echo(f"[{name}] {len(outs)} prompts, {tokens} tokens in {wall:.1f} s ({tokens / wall:.1f} tok/s), "
+               f"mean acceptance length {sum(steps) / max(1, len(steps)):.2f}", err=True)
 
 
 @main.command()
