@@ -137,14 +137,15 @@ def test_rows_finish_at_different_steps_and_waiting_prompts_join():
 def test_sampled_rows_equal_each_prompt_alone_with_the_same_seed(prompts, batch_size, seed, which, temperature):
     """A row draws from its own generator, seeded like the prompt alone: its output is that prompt's sampled
     output exactly (whose distribution test_sampling proves to be the target's). Proposers that draw only from
-    the row's generator (or not at all) make the same drafts either way."""
+    the row's generator (or not at all) make the same drafts either way, given the same draft budget (the
+    adaptive one cuts drafts by batch size: then the distribution is the same, test_sampling checks it)."""
     model = model_for("llama", 2, None)
     options = {"candidates": 3} if which == "ngram-tree" else {}
     decoder = SpeculativeDecoder.from_model(model, proposer=which.removesuffix("-tree"), **options)
-    alone = [decoder.generate_ids(p, max_new_tokens=10, temperature=temperature, seed=seed).token_ids
+    alone = [decoder.generate_ids(p, max_new_tokens=10, temperature=temperature, seed=seed, draft_budget=3).token_ids
              for p in prompts]
     together = decoder.generate_ids([torch.tensor(p) for p in prompts], max_new_tokens=10, temperature=temperature,
-                                    seed=seed, batch_size=batch_size)
+                                    seed=seed, batch_size=batch_size, draft_budget=3)
     together = together if isinstance(together, list) else [together]
     assert [o.token_ids for o in together] == alone
 

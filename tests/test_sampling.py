@@ -210,3 +210,25 @@ def test_enumeration_is_a_distribution(small_target):
     for marginal in exact_marginals(small_target, [1, 2], 2, SamplingParams(temperature=1.0)):
         assert torch.isclose(marginal.sum(), torch.tensor(1.0, dtype=torch.float64))
     assert list(itertools.islice(range(3), 2)) == [0, 1]
+
+
+@pytest.mark.parametrize("name", ["ngram-tree", "dflash-chain", "dflash-tree", "eagle3", "test-random"])
+def test_sampled_distribution_in_batches_equals_the_targets(small_target, proposer_cases, name):
+    """Rows of a batch (two prompts of different lengths, interleaved, 8 rows at a time, each with its own seed,
+    the adaptive draft budget cutting drafts) sample the target's distribution."""
+    params, prompt, other, steps, runs = SamplingParams(temperature=1.0), [1, 2, 1, 2, 1], [3, 1], 3, 700
+    if name == "test-random":
+        target = TargetModel(small_target)
+        decoder = SpeculativeDecoder(target, RandomProposer(RandomProposer.Config(num_tokens=3, seed=5), target))
+    else:
+        decoder = SpeculativeDecoder.from_model(small_target, proposer=name.partition("-")[0],
+                                                **proposer_cases[name])
+    prompts = [torch.tensor(prompt if i % 2 == 0 else other) for i in range(2 * runs)]
+    results = decoder.engine.generate_batch(prompts, steps, params, seeds=list(range(len(prompts))), batch_size=8)
+    counts = torch.zeros(steps, VOCAB)
+    for result in results[::2]:
+        for j, token in enumerate(result.token_ids):
+            counts[j, token] += 1
+    for j, marginal in enumerate(exact_marginals(small_target, prompt, steps, params)):
+        p = chi_square_p_value(counts[j], marginal)
+        assert p > ALPHA, (name, j, counts[j].tolist(), (marginal * runs).tolist())

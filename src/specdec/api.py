@@ -195,20 +195,22 @@ class SpeculativeDecoder:
         raw: bool = False,
         on_text: Callable[..., None] | None = None,
         batch_size: int | None = None,
+        draft_budget: int | None = None,
     ) -> GenerationOutput | list[GenerationOutput]:
         """Continue one prompt (a string: one output) or several (a list: one output per prompt, in order).
 
         Several prompts decode as a batch of at most `batch_size` rows (None: see Engine.generate_batch), each
         with exactly the output it would have alone: greedy output token for token, and sampled output with
         the same `seed` the same draw. `on_text(text)` streams one prompt's text; with a list it is called as
-        `on_text(index, text)`."""
+        `on_text(index, text)`. `draft_budget` pins the draft tokens a row verifies per step (None: adaptive
+        for batches, see specdec.budget)."""
         prompts = validate_prompts(prompt, max_new_tokens)
         ids = [self.encode_prompt(p, raw=raw)[0] for p in prompts]
         if isinstance(prompt, str):
             return self.generate_ids(ids[0].unsqueeze(0), max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                     on_text)
+                                     on_text, draft_budget=draft_budget)
         return self.generate_ids(ids, max_new_tokens, temperature, top_k, top_p, seed, stop, on_text,
-                                 batch_size=batch_size)
+                                 batch_size=batch_size, draft_budget=draft_budget)
 
     def generate_ids(
         self,
@@ -221,6 +223,7 @@ class SpeculativeDecoder:
         stop: str | list[str] | None = None,
         on_text: Callable[..., None] | None = None,
         batch_size: int | None = None,
+        draft_budget: int | None = None,
     ) -> GenerationOutput | list[GenerationOutput]:
         """Continue token ids: one prompt ([1, T] or a list of ints: one output) or several (a list of id lists
         or 1-D tensors, or [B, T] with B > 1: one output per prompt, in order)."""
@@ -233,7 +236,7 @@ class SpeculativeDecoder:
             ids = ids.unsqueeze(0) if ids.dim() == 1 else ids
             streamer = _TextStreamer(tokenizer, on_text) if on_text is not None and tokenizer is not None else None
             result = self.engine.generate(ids.to(self.target.device), max_new_tokens, sampling, seed=seed,
-                                          stop_strings=stop, on_tokens=streamer)
+                                          stop_strings=stop, on_tokens=streamer, draft_budget=draft_budget)
             return self._output(result)
         streams: dict[int, _TextStreamer] = {}
 
@@ -244,7 +247,8 @@ class SpeculativeDecoder:
 
         callback = on_tokens if on_text is not None and tokenizer is not None else None
         results = self.engine.generate_batch(many, max_new_tokens, sampling, seeds=[seed] * len(many),
-                                             stop_strings=stop, batch_size=batch_size, on_tokens=callback)
+                                             stop_strings=stop, batch_size=batch_size, on_tokens=callback,
+                                             draft_budget=draft_budget)
         return [self._output(result) for result in results]
 
     def _output(self, result: Any) -> GenerationOutput:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import tree
+from .budget import DraftBudget, trim
 from .contracts import Draft, Proposer, TargetOutput, Verdict, Verifier
 from .draft_checks import chains_only, check_draft, on_device
 from .errors import SpecdecError
@@ -42,6 +43,8 @@ class Engine:
         self.greedy_verifier = greedy_verifier
         self.sampling_verifier = sampling_verifier
         self._forks: list[Proposer] = []  # proposers for batch slots after the first, made once and kept
+        self.budget = DraftBudget()  # forward costs and acceptance by draft length, kept across calls
+        self.draft_budget: int | None = None  # draft tokens per row for the call in progress (None: adaptive)
 
     def verifier_for(self, sampling: SamplingParams) -> Verifier:
         """The verifier for this kind of decoding; one sentence, before any work, if it is not exact for it or
@@ -63,6 +66,7 @@ class Engine:
         seed: int | None = None,
         stop_strings: list[str] | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
+        draft_budget: int | None = None,
     ) -> EngineResult:
         """Generate after one prompt `prompt_ids` [1, T]; returns the generated ids (the stop token included)."""
         if prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
@@ -72,7 +76,8 @@ class Engine:
                                "prompts to generate_batch().")
         callback = None if on_tokens is None else (lambda _row, tokens: on_tokens(tokens))
         return self.generate_batch([prompt_ids[0]], max_new_tokens, sampling, seeds=[seed],
-                                   stop_strings=stop_strings, batch_size=1, on_tokens=callback)[0]
+                                   stop_strings=stop_strings, batch_size=1, on_tokens=callback,
+                                   draft_budget=draft_budget)[0]
 
     def generate_batch(
         self,
@@ -83,11 +88,16 @@ class Engine:
         stop_strings: list[str] | None = None,
         batch_size: int | None = None,
         on_tokens: TokensCallback | None = None,
+        draft_budget: int | None = None,
     ) -> list[EngineResult]:
         """Generate after each prompt (1-D token ids); one result per prompt, in order. At most `batch_size`
         rows decode together (None: up to DEFAULT_BATCH_SIZE where the cache can hold rows of different
         lengths, else one); the others wait and join as rows finish. Row i samples with its own generator,
         seeded with `seeds[i]`, so a prompt's output does not depend on the prompts beside it.
+
+        `draft_budget`: the most draft tokens a row verifies per step (its draft's first ones; 0 = plain
+        decoding); None: chosen at each step of several rows from the measured forward costs and acceptance
+        (specdec.budget), while one row alone verifies all its proposer drafts.
 
         Every prompt is checked before any work (an invalid one is named by its index), and the call holds the
         target's lock (one per model object) from its first prefill to its last step: the KV cache, the
@@ -97,8 +107,13 @@ class Engine:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise SpecdecError(f"The batch size must be a whole number of at least 1, got {batch_size!r}.")
+        if draft_budget is not None and (isinstance(draft_budget, bool) or not isinstance(draft_budget, int)
+                                         or draft_budget < 0):
+            raise SpecdecError(f"The draft budget must be a whole number of at least 0 (0 = plain decoding), got "
+                               f"{draft_budget!r}.")
         verifier = self.verifier_for(sampling)
         with self.target.lock.hold():
+            self.draft_budget = draft_budget
             self.target.reset()  # may hand the model to transformers' forward (see TargetModel._recheck_backend)
             if batch_size is None:
                 batch_size = DEFAULT_BATCH_SIZE if self.target.can_batch else 1
@@ -190,10 +205,10 @@ class Engine:
         """One speculative step for every row: each row's proposer drafts; one target forward reads each row's
         [last committed token, draft], right-padded to the widest; each row is verified on its own logits
         with its own generator; the cache keeps what each row accepted. Returns each row's committed tokens."""
-        drafts = [self._propose(row, verifier) for row in rows]
+        cuts = self._budget_for(rows)  # may probe the forward's cost first
+        start = time.perf_counter()
+        drafts = [self._propose(row, verifier, cut) for row, cut in zip(rows, cuts, strict=True)]
         drafted = time.perf_counter()
-        for row in rows:
-            row.stats.propose_seconds += row.last_propose_seconds
         width = 1 + max(draft.num_tokens for draft in drafts)
         feed = torch.zeros(len(rows), width, dtype=torch.long, device=self.target.device)  # [B, 1 + k_max]
         for b, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
@@ -203,7 +218,9 @@ class Engine:
         parents: list[int] | list[list[int]] | None = None
         if any(t is not None for t in trees):  # one tree for one row, else a tree per row (chains as trees)
             parents = trees[0] if len(rows) == 1 else [padded_parents(d, width - 1) for d in drafts]
+        forward_start = time.perf_counter()
         out = self.target.forward(feed, tree_parents=parents)  # logits [B, 1 + k_max, V]
+        forward_seconds = time.perf_counter() - forward_start
         verdicts = [verifier.verify(out.logits[b: b + 1, : d.num_tokens + 1], d, row.sampling, row.generator)
                     for b, (row, d) in enumerate(zip(rows, drafts, strict=True))]
         accepted = [int(v.num_accepted[0]) for v in verdicts]
@@ -216,6 +233,9 @@ class Engine:
         committed = []
         for b, (row, draft, verdict, n) in enumerate(zip(rows, drafts, verdicts, accepted, strict=True)):
             row_tree = trees[b]
+            if self.draft_budget is None:
+                path = range(n) if row_tree is None else verdict.path[0, :n].tolist()  # type: ignore[union-attr]
+                self.budget.record(draft.num_tokens, path)
             row.stats.record_step(n, draft.num_tokens if row_tree is None else max(tree.depths(row_tree)))
             row.stats.verify_seconds += verified - drafted
             committed.append(row.commit(verdict.emitted[0, : n + 1]))
@@ -224,17 +244,33 @@ class Engine:
                 assert row.proposer is not None
                 row.proposer.observe(row.state(0), verdict, row_output(out, b, draft, verdict, n, row_tree))
                 row.stats.propose_seconds += time.perf_counter() - observed
+        if self.draft_budget is None:
+            self.budget.record_step_time(len(rows), width > 1, time.perf_counter() - start - forward_seconds)
         return committed
 
-    def _propose(self, row: Row, verifier: Verifier) -> Draft:
-        start = time.perf_counter()
+    def _budget_for(self, rows: list[Row]) -> list[int | None]:
+        """Draft tokens each row may verify at this step (None: all it drafts); see specdec.budget."""
+        if self.draft_budget is not None:
+            return [self.draft_budget] * len(rows)
+        if self.budget.needs_probe(len(rows)):
+            last = torch.stack([row.buffer[0, row.length - 1] for row in rows]).unsqueeze(1)  # [B, 1]
+            self.budget.probe(self.target, len(rows), last, self.target.cache_lengths)
+        return self.budget.choose(len(rows), max(row.draft_budget for row in rows))
+
+    def _propose(self, row: Row, verifier: Verifier, cut: int | None) -> Draft:
+        """The row's draft, cut to its first `cut` tokens (0: the proposer is not asked)."""
         budget = row.draft_budget
+        if budget <= 0 or cut == 0:
+            return Draft(tokens=row.buffer.new_empty(1, 0))
+        start = time.perf_counter()
         state = row.state(budget)
         assert row.proposer is not None
-        draft = row.proposer.propose(state) if budget > 0 else Draft(tokens=row.buffer.new_empty(1, 0))
+        draft = row.proposer.propose(state)
         check_draft(row.proposer, self.target, draft, state, verifier)
-        row.last_propose_seconds = time.perf_counter() - start
-        return on_device(draft, row.buffer.device)
+        seconds = time.perf_counter() - start
+        row.stats.propose_seconds += seconds
+        draft = on_device(draft, row.buffer.device)
+        return draft if cut is None else trim(draft, cut)
 
     def _retire(self, active: list[Row], idle: list[Proposer], last: bool) -> None:
         """Finished rows leave the batch (and the cache); their proposers wait for the next prompt. When the

@@ -120,7 +120,6 @@ class Row:
         self.stopped = False
         self.proposer: Proposer | None = None  # while the row is in the batch
         self.joined_at = 0.0
-        self.last_propose_seconds = 0.0
 
     @property
     def finished(self) -> bool:

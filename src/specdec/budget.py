@@ -1,0 +1,138 @@
+"""The adaptive draft budget: how many draft tokens each row of a batch may verify at this step.
+
+A verification forward over B rows of 1 + m tokens each costs little more than one of 1 token while the target
+is bound by reading its weights, and about linearly more once it is bound by arithmetic; a larger batch reaches
+that point at a smaller m. At each step of a batch the engine picks the m that maximises the expected committed
+tokens per second,
+
+    rate(m) = B * E(m) / (t(B, 1 + m) + B * d(m > 0))
+
+where t(B, w) is the measured time of a forward of B rows of w tokens (probed once per batch size bucket on
+the live batch, then rolled back); d the measured time per row of the rest of a step (drafting, verifying, the
+proposers' bookkeeping), kept apart for steps that draft and steps that do not; and E(m) = 1 + the mean number
+of draft tokens that would have been accepted had the draft been cut to its first m tokens, read off every
+verdict (the accepted path of a chain or tree: parents come before children, so any prefix of a draft is a
+draft). At m = 0 the proposer is not asked at all: at large batches this is plain batched decoding. One row
+alone verifies what its proposer drafts, as before batching existed. vLLM and SGLang turn speculation off
+under load for the same reason; here one rule covers every batch size and every proposer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from .contracts import Draft
+
+#: batch sizes are probed in these buckets (a batch of 5 to 8 rows uses the probe at 8)
+_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)
+#: forward widths (1 + draft tokens per row) probed per bucket; wider ones are extrapolated linearly
+_WIDTHS = (1, 2, 3, 5, 9, 17)
+#: rows' steps seen before the estimates are trusted
+_WARMUP_STEPS = 8
+#: the upper-confidence margin on E(m) after n steps is min(1, _EXPLORATION / sqrt(1 + n)) tokens
+_EXPLORATION = 2.0
+
+
+def bucket(batch: int) -> int:
+    return next((b for b in _BUCKETS if b >= batch), _BUCKETS[-1])
+
+
+class DraftBudget:
+    """Per engine: forward costs by batch bucket, acceptance by draft length, drafting time per row."""
+
+    def __init__(self) -> None:
+        self.costs: dict[int, list[tuple[int, float]]] = {}  # bucket -> [(width, seconds)]
+        self.accepted_sum: list[float] = [0.0]  # [m]: sum over steps of tokens accepted within the first m
+        self.seen: list[int] = [0]  # [m]: steps whose draft held at least m tokens
+        self.steps = 0  # rows' steps recorded
+        # moving averages of one row's share of a step's time outside the target forward, with and without drafts
+        self.draft_seconds = 0.0
+        self.plain_seconds = 0.0
+
+    # -- measuring -----------------------------------------------------------------------------------------
+    def record(self, drafted: int, path: Sequence[int]) -> None:
+        """One row's step: `drafted` tokens verified, `path` the accepted ones' indices into the draft (a
+        chain's are 0 .. n - 1)."""
+        self.steps += 1
+        while len(self.seen) <= drafted:
+            self.seen.append(0)
+            self.accepted_sum.append(0.0)
+        for m in range(drafted + 1):
+            self.seen[m] += 1
+            self.accepted_sum[m] += sum(1 for node in path if node < m)
+
+    def record_step_time(self, rows: int, drafted: bool, seconds: float) -> None:
+        """A step's time outside the target's forward (drafting, verifying, committing, the proposers' observe),
+        per row: kept apart for steps that drafted and steps that did not."""
+        per_row = seconds / rows
+        if drafted:
+            self.draft_seconds = per_row if self.draft_seconds == 0.0 else 0.9 * self.draft_seconds + 0.1 * per_row
+        else:
+            self.plain_seconds = per_row if self.plain_seconds == 0.0 else 0.9 * self.plain_seconds + 0.1 * per_row
+
+    def expected(self, m: int) -> float:
+        """Expected tokens committed by one row's step with a draft cut to m tokens (the target's own included)."""
+        m = min(m, len(self.seen) - 1)
+        return 1.0 + (self.accepted_sum[m] / self.seen[m] if self.seen[m] else 0.0)
+
+    @torch.inference_mode()
+    def probe(self, target: object, rows: int, feed_row: torch.Tensor, lengths: list[int]) -> None:
+        """Time forwards of each width on the live batch (`feed_row` [B, 1]: each row's last token, repeated),
+        rolling the cache back to `lengths` after each: nothing of it reaches any row."""
+        timings = []
+        for width in _WIDTHS:
+            feed = feed_row.expand(-1, width).contiguous()
+            best = float("inf")
+            for _ in range(2):
+                start = time.perf_counter()
+                target.forward(feed)  # type: ignore[attr-defined]
+                if feed.device.type == "cuda":
+                    torch.cuda.synchronize(feed.device)
+                best = min(best, time.perf_counter() - start)
+                target.crop(lengths)  # type: ignore[attr-defined]
+            timings.append((width, best * bucket(rows) / rows))  # scaled to the bucket's rows
+        self.costs[bucket(rows)] = timings
+
+    def forward_seconds(self, rows: int, width: int) -> float:
+        table = self.costs[bucket(rows)]
+        scale = rows / bucket(rows)
+        for (w0, t0), (w1, t1) in zip(table, table[1:], strict=False):
+            if width <= w1:
+                return scale * (t0 + (t1 - t0) * (width - w0) / (w1 - w0))
+        (w0, t0), (w1, t1) = table[-2], table[-1]
+        return scale * (t1 + (t1 - t0) * (width - w1) / (w1 - w0))
+
+    # -- choosing ------------------------------------------------------------------------------------------
+    def needs_probe(self, rows: int) -> bool:
+        return rows > 1 and bucket(rows) not in self.costs
+
+    def choose(self, rows: int, most: int) -> list[int | None]:
+        """Draft tokens for each of `rows` rows whose drafts may hold up to `most` tokens; None: the row verifies
+        its whole draft (one row alone, or too few steps measured yet)."""
+        if rows <= 1 or self.steps < _WARMUP_STEPS:
+            return [None] * rows
+        best, best_rate = 0, 0.0
+        for m in range(0, min(most, len(self.seen) - 1) + 1):
+            seconds = self.forward_seconds(rows, 1 + m) + rows * (self.draft_seconds if m else self.plain_seconds)
+            rate = rows * self.optimistic(m) / seconds
+            if rate > best_rate:
+                best, best_rate = m, rate
+        return [best] * rows
+
+    def optimistic(self, m: int) -> float:
+        """E(m) plus a margin that shrinks as draft length m is measured (an upper confidence bound): a length
+        measured on few steps gets tried, and verifying it measures it, while one that cannot pay at this
+        batch's forward costs is never tried. Acceptance by draft length does not depend on the batch, so every
+        row's step in any batch adds to it."""
+        seen = self.seen[min(m, len(self.seen) - 1)]
+        return self.expected(m) + (min(1.0, _EXPLORATION / (1 + seen) ** 0.5) if m else 0.0)
+
+def trim(draft: Draft, m: int) -> Draft:
+    """The draft's first m tokens (a tree's first m nodes: parents come before children, so they form a tree)."""
+    if draft.num_tokens <= m:
+        return draft
+    return Draft(tokens=draft.tokens[:, :m], probs=None if draft.probs is None else draft.probs[:, :m],
+                 parents=None if draft.parents is None else list(draft.parents[:m]))

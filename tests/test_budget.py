@@ -1,0 +1,61 @@
+"""The adaptive draft budget (specdec.budget): acceptance by draft length read off verdicts, the choice of the
+draft length from forward costs, and cutting drafts to a prefix."""
+
+from __future__ import annotations
+
+import torch
+from conftest import plain_greedy, tiny_model
+
+from specdec import Draft, SpeculativeDecoder, tree
+from specdec.budget import DraftBudget, trim
+
+
+def test_acceptance_by_draft_length_counts_what_a_shorter_draft_would_have_kept():
+    budget = DraftBudget()
+    budget.record(4, [0, 1, 2])  # a chain of 4, three accepted
+    budget.record(5, [0, 3])  # a tree: node 3 (under node 0) accepted after node 0
+    assert budget.expected(0) == 1.0
+    assert budget.expected(1) == 2.0  # both steps keep node 0
+    assert budget.expected(3) == 1 + (3 + 1) / 2  # the tree's node 3 is not within its first 3 nodes
+    assert budget.expected(4) == 1 + (3 + 2) / 2
+    assert budget.expected(5) == 1 + 2 / 1  # only the tree drafted 5
+
+
+def _measured(costs: list[tuple[int, float]], accepted_per_step: int) -> DraftBudget:
+    budget = DraftBudget()
+    budget.costs[8] = costs
+    for _ in range(400):
+        budget.record(8, list(range(accepted_per_step)))
+    budget.draft_seconds, budget.plain_seconds = 0.001, 0.0005
+    return budget
+
+
+def test_cheap_wide_forwards_verify_long_drafts_and_dear_ones_none():
+    flat = [(1, 0.030), (2, 0.030), (3, 0.031), (5, 0.032), (9, 0.034), (17, 0.060)]
+    steep = [(1, 0.030), (2, 0.060), (3, 0.090), (5, 0.150), (9, 0.270), (17, 0.510)]
+    assert _measured(flat, 6).choose(8, 8) == [6] * 8  # the 6 that are accepted, not the 2 that never are
+    assert _measured(steep, 6).choose(8, 8) == [0] * 8
+    assert _measured(flat, 0).choose(8, 8) == [0] * 8  # nothing is ever accepted: no drafting
+    assert _measured(flat, 6).choose(1, 8) == [None]  # one row verifies its whole draft
+
+
+def test_a_cut_tree_is_a_tree_of_its_first_nodes():
+    tokens, parents = tree.from_paths([[5, 6, 7], [5, 9], [8]])
+    draft = Draft(tokens=torch.tensor([tokens]), parents=parents)
+    cut = trim(draft, 3)
+    assert cut.tokens.tolist() == [tokens[:3]] and cut.parents == parents[:3]
+    assert tree.check_parents(cut.parents) is None
+    probs = torch.rand(1, 4, 10)
+    chain = trim(Draft(tokens=torch.tensor([[1, 2, 3, 4]]), probs=probs), 2)
+    assert chain.tokens.tolist() == [[1, 2]] and torch.equal(chain.probs, probs[:, :2])
+
+
+def test_a_pinned_budget_of_zero_is_plain_decoding_and_one_row_keeps_its_draft():
+    model = tiny_model("llama", seed=0)
+    prompts = [[7, 8, 9, 7, 8, 9, 7, 8], [1, 2, 3]]
+    decoder = SpeculativeDecoder.from_model(model, proposer="ngram")
+    outs = decoder.generate_ids(prompts, max_new_tokens=12, batch_size=2, draft_budget=0)
+    assert [o.token_ids for o in outs] == [plain_greedy(model, p, 12) for p in prompts]
+    assert all(set(o.stats.acceptance_lengths) == {1} for o in outs)
+    alone = decoder.generate_ids(prompts[0], max_new_tokens=12)  # adaptive: one row verifies all it drafts
+    assert max(alone.stats.acceptance_lengths) > 1
