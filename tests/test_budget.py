@@ -32,7 +32,7 @@ def _measured(costs: list[tuple[int, float]], accepted_per_step: int) -> DraftBu
 
 def test_cheap_wide_forwards_verify_long_drafts_and_dear_ones_none():
     flat = [(1, 0.030), (2, 0.030), (3, 0.031), (5, 0.032), (9, 0.034), (17, 0.060)]
-    steep = [(1, 0.030), (2, 0.060), (3, 0.090), (5, 0.150), (9, 0.270), (17, 0.510)]
+    steep = [(1, 0.030), (2, 0.090), (3, 0.150), (5, 0.270), (9, 0.510), (17, 0.990)]  # each token: 2x a step
     assert _measured(flat, 6).choose(8, 8) == [6] * 8  # the 6 that are accepted, not the 2 that never are
     assert _measured(steep, 6).choose(8, 8) == [0] * 8
     assert _measured(flat, 0).choose(8, 8) == [0] * 8  # nothing is ever accepted: no drafting
