@@ -205,3 +205,16 @@ def test_batching_needs_a_cache_with_ragged_rows():
         decoder.generate_ids([[1, 2], [3]], max_new_tokens=4, batch_size=2)
     outs = decoder.generate_ids([[1, 2], [3]], max_new_tokens=6)  # no batch size: one row at a time
     assert [o.token_ids for o in outs] == [plain_greedy(model, [1, 2], 6), plain_greedy(model, [3], 6)]
+
+
+@pytest.mark.parametrize("options", [{"tree_size": 0, "lookup": 0}, {}], ids=["chain", "defaults"])
+def test_dflash_drafts_every_row_in_one_forward_as_it_drafts_each_alone(dflash_dirs, options):  # noqa: F811
+    """propose_batch (one draft forward for every row, each with its own cache and context length) drafts what
+    propose does row by row: with the budget pinned, each row accepts exactly as much at every step."""
+    model = model_for("llama", 1, None)
+    prompts = [[7, 8, 9, 10, 7, 8, 9], [1, 2], [3, 4, 5, 6, 3, 4], [11]]
+    decoder = SpeculativeDecoder.from_model(model, proposer="dflash", draft=dflash_dirs[1], **options)
+    together = decoder.generate_ids(prompts, max_new_tokens=20, batch_size=3, draft_budget=64)
+    alone = [decoder.generate_ids(p, max_new_tokens=20) for p in prompts]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    assert [o.stats.acceptance_lengths for o in together] == [o.stats.acceptance_lengths for o in alone]

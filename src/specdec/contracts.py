@@ -179,6 +179,13 @@ class Proposer:
     def propose(self, state: DecodeState) -> Draft:  # pragma: no cover - interface
         raise NotImplementedError
 
+    @classmethod
+    def propose_batch(cls, proposers: Sequence[Proposer], states: Sequence[DecodeState]) -> list[Draft]:
+        """Drafts for several rows at once: `proposers[i]` (a fork of one proposer of this class per row) drafts
+        for `states[i]` (one row each). The default asks each in turn; a proposer whose drafting can share one
+        forward across rows overrides it (dflash runs every row's block in one draft forward)."""
+        return [proposer.propose(state) for proposer, state in zip(proposers, states, strict=True)]
+
     def drafts_trees(self, sampling: SamplingParams) -> bool:
         """Whether, with its options, this proposer may return tree drafts for this kind of decoding (the
         engine then refuses a chains-only verifier before any work)."""

@@ -15,7 +15,7 @@ from . import tree
 from .budget import DraftBudget, trim
 from .contracts import Draft, Proposer, TargetOutput, Verdict, Verifier
 from .draft_checks import chains_only, check_draft, on_device
-from .errors import SpecdecError
+from .errors import PluginError, SpecdecError
 from .generation import EngineResult, GenerationStats, Row, StopChecker
 from .sampling import SamplingParams
 from .target import TargetModel
@@ -207,7 +207,7 @@ class Engine:
         with its own generator; the cache keeps what each row accepted. Returns each row's committed tokens."""
         cuts = self._budget_for(rows)  # may probe the forward's cost first
         start = time.perf_counter()
-        drafts = [self._propose(row, verifier, cut) for row, cut in zip(rows, cuts, strict=True)]
+        drafts = self._propose(rows, verifier, cuts)
         drafted = time.perf_counter()
         width = 1 + max(draft.num_tokens for draft in drafts)
         feed = torch.zeros(len(rows), width, dtype=torch.long, device=self.target.device)  # [B, 1 + k_max]
@@ -257,20 +257,31 @@ class Engine:
             self.budget.probe(self.target, len(rows), last, self.target.cache_lengths)
         return self.budget.choose(len(rows), max(row.draft_budget for row in rows))
 
-    def _propose(self, row: Row, verifier: Verifier, cut: int | None) -> Draft:
-        """The row's draft, cut to its first `cut` tokens (0: the proposer is not asked)."""
-        budget = row.draft_budget
-        if budget <= 0 or cut == 0:
-            return Draft(tokens=row.buffer.new_empty(1, 0))
+    def _propose(self, rows: list[Row], verifier: Verifier, cuts: list[int | None]) -> list[Draft]:
+        """Each row's draft, cut to its first `cuts[b]` tokens (0: its proposer is not asked). Several rows
+        draft in one `propose_batch` call, so a proposer may share one forward among them."""
+        drafts = [Draft(tokens=row.buffer.new_empty(1, 0)) for row in rows]
+        asked = [b for b, (row, cut) in enumerate(zip(rows, cuts, strict=True)) if row.draft_budget > 0 and cut != 0]
+        if not asked:
+            return drafts
         start = time.perf_counter()
-        state = row.state(budget)
-        assert row.proposer is not None
-        draft = row.proposer.propose(state)
-        check_draft(row.proposer, self.target, draft, state, verifier)
-        seconds = time.perf_counter() - start
-        row.stats.propose_seconds += seconds
-        draft = on_device(draft, row.buffer.device)
-        return draft if cut is None else trim(draft, cut)
+        states = [rows[b].state(rows[b].draft_budget) for b in asked]
+        proposers = [rows[b].proposer for b in asked]
+        if len(asked) == 1:
+            made = [proposers[0].propose(states[0])]  # type: ignore[union-attr]
+        else:
+            made = type(self.proposer).propose_batch(proposers, states)  # type: ignore[arg-type]
+        if not isinstance(made, list) or len(made) != len(asked):
+            raise PluginError(f"Proposer {type(self.proposer).name!r} ({type(self.proposer).__module__}) returned "
+                              f"{len(made) if isinstance(made, list) else type(made).__name__} drafts from "
+                              f"propose_batch for {len(asked)} rows; expected a list of one draft per row.")
+        share = (time.perf_counter() - start) / len(asked)
+        for b, state, draft in zip(asked, states, made, strict=True):
+            check_draft(rows[b].proposer, self.target, draft, state, verifier)  # type: ignore[arg-type]
+            rows[b].stats.propose_seconds += share
+            draft = on_device(draft, rows[b].buffer.device)
+            drafts[b] = draft if cuts[b] is None else trim(draft, cuts[b])  # type: ignore[arg-type]
+        return drafts
 
     def _retire(self, active: list[Row], idle: list[Proposer], last: bool) -> None:
         """Finished rows leave the batch (and the cache); their proposers wait for the next prompt. When the

@@ -217,6 +217,49 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, n, self.heads * self.head_dim))
 
 
+    def forward_rows(
+        self,
+        x: torch.Tensor,  # [R, n, H] normed block hidden states, one block per row
+        context: torch.Tensor,  # [1, c_1 + ... + c_R, H] every row's new context features, row after row
+        counts: list[int],  # c_r per row
+        rope_block: tuple[torch.Tensor, torch.Tensor],
+        rope_context: tuple[torch.Tensor, torch.Tensor],
+        caches: list[DraftCache],  # one per row, each [1, g, past_r, d] per layer
+    ) -> torch.Tensor:
+        """`forward` for R sequences at once, each with its own cache and context length: the projections run
+        once over every row, attention over each row's own context padded to the longest (masked)."""
+        rows, n, _ = x.shape
+        q = apply_rope(self.q_norm(self._heads(x, self.q_proj, self.heads)), *rope_block)
+        k_block = apply_rope(self.k_norm(self._heads(x, self.k_proj, self.kv_heads)), *rope_block)
+        v_block = self._heads(x, self.v_proj, self.kv_heads)
+        k_new = apply_rope(self.k_norm(self._heads(context, self.k_proj, self.kv_heads)), *rope_context)
+        v_new = self._heads(context, self.v_proj, self.kv_heads)  # [1, g, sum c, d]
+        keys, values, start = [], [], 0
+        for cache, count in zip(caches, counts, strict=True):
+            k_ctx, v_ctx = k_new[:, :, start: start + count], v_new[:, :, start: start + count]
+            start += count
+            past_k, past_v = cache.keys[self.layer], cache.values[self.layer]
+            if past_k is not None:
+                k_ctx, v_ctx = torch.cat([past_k, k_ctx], dim=2), torch.cat([past_v, v_ctx], dim=2)
+            if self.window is not None:
+                k_ctx, v_ctx = k_ctx[:, :, -self.window:], v_ctx[:, :, -self.window:]
+            cache.keys[self.layer], cache.values[self.layer] = k_ctx, v_ctx
+            keys.append(k_ctx)
+            values.append(v_ctx)
+        longest = max(k.shape[2] for k in keys)
+        k = x.new_zeros(rows, self.kv_heads, longest + n, self.head_dim)  # [R, g, longest + n, d]
+        v = torch.zeros_like(k)
+        mask = torch.zeros(rows, 1, n, longest + n, dtype=torch.bool, device=x.device)
+        for r, (k_ctx, v_ctx) in enumerate(zip(keys, values, strict=True)):
+            k[r, :, : k_ctx.shape[2]], v[r, :, : v_ctx.shape[2]] = k_ctx[0], v_ctx[0]
+            mask[r, :, :, : k_ctx.shape[2]] = True
+        k[:, :, longest:], v[:, :, longest:] = k_block, v_block
+        mask[:, :, :, longest:] = True
+        gqa = self.heads != self.kv_heads
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=gqa)
+        return self.o_proj(out.transpose(1, 2).reshape(rows, n, self.heads * self.head_dim))
+
+
 class MLP(nn.Module):
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
@@ -238,6 +281,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, context, rope_block, rope_context, cache, attention_mask) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), context, rope_block, rope_context, cache, attention_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_rows(self, x, context, counts, rope_block, rope_context, caches) -> torch.Tensor:
+        x = x + self.self_attn.forward_rows(self.input_layernorm(x), context, counts, rope_block, rope_context, caches)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -275,4 +322,24 @@ class DFlashDraftModel(nn.Module):
         x = block_embeds
         for layer in self.layers:
             x = layer(x, context, rope_block, rope_context, cache, attention_mask)
+        return self.norm(x)
+
+    def forward_rows(
+        self,
+        block_embeds: torch.Tensor,  # [R, n, H] target embeddings of each row's [last token, mask, ...]
+        tapped: list[torch.Tensor],  # per row [1, c_r, len(target_layer_ids) * H] target states not yet cached
+        context_positions: list[torch.Tensor],  # per row [1, c_r]
+        block_positions: torch.Tensor,  # [R, n]
+        caches: list[DraftCache],  # per row
+    ) -> torch.Tensor:
+        """`forward` for R sequences in one pass (a batch of rows with their own caches and context lengths):
+        returns the final-normed block hidden states [R, n, H]."""
+        dtype = block_embeds.dtype
+        counts = [int(t.shape[1]) for t in tapped]
+        context = self.fuse_context(torch.cat(tapped, dim=1))  # [1, sum c, H]: one product for every row
+        rope_block = self.rotary(block_positions, dtype)
+        rope_context = self.rotary(torch.cat(context_positions, dim=1), dtype)
+        x = block_embeds
+        for layer in self.layers:
+            x = layer.forward_rows(x, context, counts, rope_block, rope_context, caches)
         return self.norm(x)

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from itertools import count
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
 import torch
 from pydantic import Field
 from torch import nn
 
-from specdec import DecodeState, Draft, tree
+from specdec import DecodeState, Draft, Proposer, tree
 from specdec.errors import SpecdecError
-from specdec.hidden_state import HiddenStateProposer, holds_draft
+from specdec.hidden_state import HiddenStateProposer, PendingTaps, holds_draft
 from specdec.limits import (
     MAX_NGRAM,
     MAX_VERIFY_TOKENS,
@@ -62,6 +63,20 @@ def lookup_after_why(limit: int) -> str:
 
 #: the draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
+
+
+class _Job(NamedTuple):
+    """One row's step that needs the draft forward (DFlashProposer._plan), finished by _finish."""
+
+    state: DecodeState
+    k: int  # draft slots used: block positions 1..k
+    sampled: bool
+    use_tree: bool
+    lookup: bool
+    found: list[np.ndarray]  # prompt-lookup continuations joining a tree
+    block: torch.Tensor  # [1, block_size]: the last committed token, then mask tokens
+    block_positions: torch.Tensor  # [1, block_size]
+    context: PendingTaps
 
 
 def shipped_draft_available() -> bool:
@@ -169,6 +184,45 @@ class DFlashProposer(HiddenStateProposer):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Draft:
+        job = self._plan(state)
+        return job if isinstance(job, Draft) else self._single(job)
+
+    @classmethod
+    @torch.inference_mode()
+    def propose_batch(cls, proposers: Sequence[Proposer], states: Sequence[DecodeState]) -> list[Draft]:
+        """Every row's block in one draft forward (each row with its own draft cache and context), and the head
+        over every row in one product; rows answered by prompt lookup alone skip it."""
+        drafts: list[Draft | None] = []
+        jobs: list[tuple[int, DFlashProposer, _Job]] = []
+        for proposer, state in zip(proposers, states, strict=True):
+            assert isinstance(proposer, DFlashProposer)
+            job = proposer._plan(state)
+            drafts.append(job if isinstance(job, Draft) else None)
+            if not isinstance(job, Draft):
+                jobs.append((len(drafts) - 1, proposer, job))
+        if len(jobs) == 1:
+            index, proposer, job = jobs[0]
+            drafts[index] = proposer._single(job)
+        elif jobs:
+            lead = jobs[0][1]
+            assert all(p.model is lead.model for _, p, _ in jobs), "rows of one batch are forks of one proposer"
+            blocks = torch.cat([job.block for _, _, job in jobs])  # [R, n]
+            hidden = lead.model.forward_rows(
+                lead.target.embed_tokens(blocks), [job.context.states for _, _, job in jobs],
+                [job.context.positions for _, _, job in jobs], torch.cat([job.block_positions for _, _, job in jobs]),
+                [p.cache for _, p, _ in jobs])
+            logits = lead._head_logits(hidden)  # [R, n, V'] (sliced after the product, see _head_logits)
+            for r, (index, proposer, job) in enumerate(jobs):
+                drafts[index] = proposer._finish(job, logits[r: r + 1, 1: 1 + job.k])
+        return [draft for draft in drafts if draft is not None]
+
+    def _single(self, job: _Job) -> Draft:
+        hidden = self.model(self.target.embed_tokens(job.block), job.context.states, job.context.positions,
+                            job.block_positions, cache=self.cache)
+        return self._finish(job, self._head_logits(hidden)[:, 1: 1 + job.k])
+
+    def _plan(self, state: DecodeState) -> Draft | _Job:
+        """What this step drafts: a prompt-lookup draft that needs no draft forward, or the block to run."""
         k = min(self.block_size - 1, state.max_draft_tokens)
         sampling = state.sampling
         sampled = sampling is not None and not sampling.greedy and self.config.drafting == "sample"
@@ -190,24 +244,25 @@ class DFlashProposer(HiddenStateProposer):
                            device=device)
         block[:, 0] = state.tokens[:, -1]
         block_positions = torch.arange(length - 1, length - 1 + self.block_size, device=device).unsqueeze(0)
-        context = self.take_pending(state)
-        hidden = self.model(self.target.embed_tokens(block), context.states, context.positions, block_positions,
-                            cache=self.cache)
+        return _Job(state, k, sampled, use_tree, lookup, found, block, block_positions, self.take_pending(state))
+
+    def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # the head scores every block position and the logits are sliced after: a bf16 matmul on the slice
         # hidden[:, 1:] (offset storage) took ~8x longer on CPU than on the whole, freshly allocated output
-        if self.vocab_ids is None:
-            logits = self.target.lm_head(hidden)[:, 1: 1 + k]  # [B, k, V]
-        else:  # [B, k, V'], V' = the draft vocabulary
-            logits = self.head(hidden)[:, 1: 1 + k]
-        if use_tree:
-            seeded_depth = state.max_draft_tokens if self.config.lookup_after and lookup else 0
-            return self._tree(logits[0], found, seeded_depth)
-        if not sampled:
+        return self.target.lm_head(hidden) if self.vocab_ids is None else self.head(hidden)  # [B, n, V or V']
+
+    def _finish(self, job: _Job, logits: torch.Tensor) -> Draft:
+        """The draft from the block's logits [B, k, V'] at slots 1..k."""
+        state = job.state
+        if job.use_tree:
+            seeded_depth = state.max_draft_tokens if self.config.lookup_after and job.lookup else 0
+            return self._tree(logits[0], job.found, seeded_depth)
+        if not job.sampled:
             # a point mass: the verifier needs no draft probs. max(...).indices is argmax (first index on ties)
             # and several times faster than argmax on bf16 CPU tensors.
             return Draft(tokens=self._to_target_ids(logits.max(dim=-1).indices))
-        probs = logits_to_probs(logits, sampling)
-        picks = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=state.generator).view(-1, k)
+        probs = logits_to_probs(logits, state.sampling)
+        picks = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=state.generator).view(-1, job.k)
         if self.vocab_ids is not None:  # q over the whole vocabulary: zero outside the draft vocabulary
             full = probs.new_zeros(*probs.shape[:-1], self.target.vocab_size)
             probs = full.index_copy_(-1, self.vocab_ids, probs)
