@@ -127,6 +127,33 @@ def test_bench_end_to_end(folders, tmp_path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_by_batch_size(folders, tmp_path):
+    out = tmp_path / "batched"
+    args = ["bench", "--dataset", "tiny", "--data-dir", folders["data"], "--model", folders["target"],
+            "--proposers", "ngram,draft", "--draft", folders["draft"], "--batch-size", "1,2,3",
+            "--max-new-tokens", "8", "--dtype", "float32", "--out", str(out), "--no-progress"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output + result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["meta"]["batch_sizes"] == [1, 2, 3] and results["meta"]["dataset"]["num_prompts"] == 3
+    assert list(results["batched"]) == ["1", "2", "3"]
+    tokens = set()
+    for batch, runners in results["batched"].items():
+        assert list(runners) == ["autoregressive", "ngram", "draft", "hf-greedy"]
+        for name, r in runners.items():
+            assert r["tokens_per_second"] > 0 and r["speedup_vs_hf_greedy"] > 0, (batch, name)
+            if name != "hf-greedy":
+                assert r["exact_match_rate"] == 1.0, (batch, name)  # float32: every row as alone
+                tokens.add(r["num_tokens"])
+        assert runners["autoregressive"]["speedup_vs_autoregressive"] == 1.0
+        assert runners["hf-greedy"]["mean_acceptance_length"] is None
+    assert len(tokens) == 1  # every runner at every batch size generated the same tokens (the first record stops)
+    markdown = (out / "results.md").read_text()
+    assert "## Batched decoding" in markdown and "| 3 | draft |" in markdown
+    for png in ("throughput_by_batch.png", "speedup_by_batch.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_interrupt_writes_finished_prompts(folders, tmp_path, monkeypatch):
     """Ctrl-C during prompt 2: prompt 1 (done by every runner) is summarised and written."""
     import specdec.loading
@@ -178,6 +205,8 @@ def test_bench_bad_input(folders, tmp_path, no_loading):
         (["-d", "tiny", "-p", "ngram", "--cache", "ngram=static"], ["unknown cache 'static'", "native"]),
         (["-d", "tiny", "-p", "ngram", "--cache", "draft=dynamic"], ["names runner 'draft'"]),
         (["-d", "tiny", "-p", "ngram", "--cache", "ngram"], ["RUNNER=CACHE"]),
+        (["-d", "tiny", "--batch-size", "0,4"], ["'0' is not a whole number from 1 to"]),
+        (["-d", "tiny", "--batch-size", "4", "--baselines", "hf-pld"], ["no batched form", "hf-greedy"]),
     ]
     for args, needles in cases:
         result = CliRunner().invoke(main, base + args)

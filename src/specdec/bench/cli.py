@@ -57,12 +57,16 @@ def _quiet_transformers() -> None:
               "default: greedy, or rejection sampling at temperature > 0.")
 @click.option("--epsilon", default=DEFAULT_EPSILON, show_default=True, type=float,
               help="Near-tie threshold on the float32 logit gap for bf16/fp16 divergences.")
+@click.option("--batch-size", "batch_sizes", default=None, metavar="B[,B...]", help="Compare the runners at "
+              "these batch sizes instead (each prompt's first turn; transformers' batched generate, left-padded, as "
+              "the hf-greedy baseline): throughput and speedup by batch size, table and plots.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @user_errors
 def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None, max_new_tokens: int,
           temperature: float, seed: int, dtype: str, device: str | None, model: str | None, draft: str | None,
           draft_model: str | None, opts: tuple[str, ...], caches: tuple[str, ...], data_dir: str | None,
-          out: str | None, overwrite: bool, verifier: str | None, epsilon: float, no_progress: bool) -> None:
+          out: str | None, overwrite: bool, verifier: str | None, epsilon: float, batch_sizes: str | None,
+          no_progress: bool) -> None:
     """Benchmark proposers (and transformers baselines) on a dataset: acceptance, speed, exact match.
 
     Writes results.json, results.md and PNG plots to --out, each atomically. Ctrl-C writes what has finished.
@@ -78,13 +82,20 @@ def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None
                       temperature=temperature, seed=seed, dtype=dtype, device=device, model=model,
                       draft=draft, draft_model=draft_model, data_dir=data_dir, out=out, options=opts,
                       epsilon=epsilon, command=shlex.join(["specdec", *sys.argv[1:]]), caches=caches,
-                      verifier=verifier, overwrite=overwrite)
+                      verifier=verifier, overwrite=overwrite, batch_sizes=batch_sizes)
     claim_output_dir(plan.out, "bench", overwrite=overwrite, option="--out")  # before any model loads
     _quiet_transformers()
     click.echo(f"bench: {len(plan.prompts)} prompts from {plan.dataset_path}; runners: "
                f"{', '.join(plan.runner_names)}", err=True)
     results = run_bench(plan, show_progress=not no_progress)
     paths = write_results(results, plan.out)
+    for batch, runners in results.get("batched", {}).items():
+        for name, r in runners.items():
+            ratio = r["speedup_vs_autoregressive"]
+            tau = r["mean_acceptance_length"]
+            click.echo(f"[batch {batch}] [{name}] {r['tokens_per_second']:.1f} tok/s"
+                       + ("" if ratio is None else f", {ratio:.2f}x vs autoregressive")
+                       + ("" if tau is None else f", mean acceptance length {tau:.2f}"), err=True)
     for name, r in results["proposers"].items():
         tau = r["mean_acceptance_length"]
         tau = "" if tau is None else f", mean acceptance length {tau:.2f}"

@@ -34,6 +34,20 @@ def run_bench(plan: BenchPlan, model: Any = None, tokenizer: Any = None, show_pr
         device = loading.resolve_device(plan.device)
         model, tokenizer = loading.load_model(plan.model, loading.resolve_dtype(plan.dtype, device), device)
     runners = build_runners(plan, model, tokenizer)
+    if plan.batch_sizes:
+        from rich.console import Console
+
+        from .batched import run_batched
+
+        console = Console(stderr=True)
+        batched = run_batched(plan, model, tokenizer, runners,
+                              progress=(lambda text: console.print(text)) if show_progress else None)
+        results = summarize(plan, model, {}, plan.prompts, False, time.perf_counter() - started)
+        results["meta"]["dataset"].update(num_prompts=len(plan.prompts), num_turns=len(plan.prompts))
+        results["meta"]["batch_sizes"] = list(plan.batch_sizes)
+        results["meta"]["caches"] = {r.name: r.cache for r in runners if r.cache is not None}
+        results["batched"] = batched
+        return results
     records = {r.name: RunnerRecord(r.name, r.kind, r.cache) for r in runners}
     prompts = plan.prompts
     first = prompts[0]

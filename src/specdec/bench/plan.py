@@ -72,6 +72,30 @@ def parse_baselines(text: str | None, draft_model: str | None) -> list[str]:
     return names
 
 
+#: the largest --batch-size (rows held at once; the cache grows with the tokens they hold)
+MAX_BATCH_SIZE = 1024
+
+
+def parse_batch_sizes(text: str | None, baselines: Sequence[str]) -> list[int]:
+    """`--batch-size 1,4,16` -> [1, 4, 16] (in the order given, repeats dropped); [] without the option."""
+    if text is None:
+        return []
+    sizes: list[int] = []
+    for part in split_names(text):
+        if not part.isdigit() or not 1 <= int(part) <= MAX_BATCH_SIZE:
+            raise SpecdecError(f"--batch-size {text!r}: {part!r} is not a whole number from 1 to {MAX_BATCH_SIZE}; "
+                               "write e.g. --batch-size 1,4,16.")
+        if int(part) not in sizes:
+            sizes.append(int(part))
+    if not sizes:
+        raise SpecdecError("--batch-size is empty; write e.g. --batch-size 1,4,16.")
+    other = [b for b in baselines if b != HF_GREEDY]
+    if other:
+        raise SpecdecError(f"The baseline {other[0]} has no batched form in transformers; with --batch-size use "
+                           "--baselines hf-greedy (or none).")
+    return sizes
+
+
 def parse_proposer_options(pairs: Iterable[str], proposers: Sequence[str],
                            draft: str | None = None) -> dict[str, ProposerConfig]:
     """`--opt NAME.key=value` pairs (and --draft for each proposer with a `draft` option) -> configs."""
@@ -167,6 +191,7 @@ class BenchPlan:
     caches: dict[str, str] = field(default_factory=dict)  # runner -> KV cache; "auto" when absent
     command: str = ""
     verifier: str | None = None  # every specdec runner's verifier; None: greedy, or rejection when sampling
+    batch_sizes: list[int] = field(default_factory=list)  # --batch-size: the batched comparison instead
 
     @property
     def runner_names(self) -> list[str]:
@@ -179,7 +204,7 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
                draft: str | None = None, draft_model: str | None = None, data_dir: str | None = None,
                out: str | os.PathLike | None = None, options: Iterable[str] = (),
                epsilon: float = DEFAULT_EPSILON, command: str = "", caches: Iterable[str] = (),
-               verifier: str | None = None, overwrite: bool = False) -> BenchPlan:
+               verifier: str | None = None, overwrite: bool = False, batch_sizes: str | None = None) -> BenchPlan:
     """Validate every argument (before any model loads); SpecdecError with one sentence on bad input.
     Nothing is written: the bench command claims the output folder (`specdec.files.claim_output_dir`)
     once the plan is made."""
@@ -209,6 +234,7 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
         check_model(draft_model)
     names = parse_proposers(proposers)
     runner_baselines = parse_baselines(baselines, draft_model)
+    sizes = parse_batch_sizes(batch_sizes, runner_baselines)
     configs = parse_proposer_options(options, names, draft)
     runner_caches = parse_caches(caches, names)
     path, prompts = load_dataset(dataset, data_dir, limit)
@@ -221,4 +247,4 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
                      baselines=runner_baselines, limit=limit, max_new_tokens=max_new_tokens,
                      temperature=temperature, seed=seed, dtype=dtype, device=device, model=model, draft=draft,
                      draft_model=draft_model, epsilon=epsilon, out=out, command=command, caches=runner_caches,
-                     verifier=verifier)
+                     verifier=verifier, batch_sizes=sizes)

@@ -19,6 +19,10 @@ def _figure(width: float = 6.4, height: float = 4.0) -> Any:
 
 def write_plots(results: Mapping[str, Any], out: Path) -> list[Path]:
     """acceptance_lengths.png, acceptance_per_position.png, speedup.png (where there is data for them)."""
+    if results.get("batched"):
+        from .batched import plot_batched
+
+        return plot_batched(results["batched"], out)
     runners = results["proposers"]
     written: list[Path] = []
     hists = {n: r["acceptance_length_histogram"] for n, r in runners.items()

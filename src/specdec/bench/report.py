@@ -32,6 +32,10 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     ]
     if meta.get("caches"):  # which forward each specdec runner used (native: specdec's own, dynamic: transformers')
         lines += ["KV cache: " + ", ".join(f"{name} {cache}" for name, cache in meta["caches"].items()), ""]
+    if results.get("batched"):  # `--batch-size`: first turns, every runner at each batch size
+        from .batched import render_batched_markdown
+
+        return "\n".join(lines + render_batched_markdown(results["batched"]))
     # the hf-pld column only when that baseline ran (results written before it existed lack the key)
     with_pld = any(r["speedup"].get("vs_hf_pld") for r in runners.values())
     lines += [
@@ -80,7 +84,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
 
 
 #: the plots write_plots may write (a rerun with --overwrite removes those it does not write again)
-PLOT_FILES = ("acceptance_lengths.png", "acceptance_per_position.png", "speedup.png")
+PLOT_FILES = ("acceptance_lengths.png", "acceptance_per_position.png", "speedup.png", "throughput_by_batch.png",
+              "speedup_by_batch.png")
 
 
 def write_results(results: Mapping[str, Any], out: str | os.PathLike) -> list[Path]:
