@@ -218,3 +218,27 @@ def test_dflash_drafts_every_row_in_one_forward_as_it_drafts_each_alone(dflash_d
     alone = [decoder.generate_ids(p, max_new_tokens=20) for p in prompts]
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert [o.stats.acceptance_lengths for o in together] == [o.stats.acceptance_lengths for o in alone]
+
+
+@settings(max_examples=30, deadline=None)
+@given(counts=st.lists(st.integers(0, 5), min_size=2, max_size=6), seed=st.integers(0, 2**31),
+       agree=st.lists(st.integers(0, 5), min_size=6, max_size=6))
+def test_greedy_verify_rows_is_verify_row_by_row(counts, seed, agree):
+    """The built-in greedy verifier's batched path (one ragged kernel call) gives each row what `verify` gives
+    it alone, with drafts that agree with the target's argmax for a few tokens, then not."""
+    from specdec.verifiers import GreedyVerifier
+
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(counts), 1 + max(counts), 40, generator=gen, dtype=torch.float64)
+    choice = logits.argmax(-1)
+    drafts = []
+    for b, k in enumerate(counts):
+        tokens = torch.randint(0, 40, (1, k), generator=gen)
+        tokens[0, : agree[b]] = choice[b, : min(k, agree[b])]
+        drafts.append(Draft(tokens=tokens))
+    verifier = GreedyVerifier()
+    rows = verifier.verify_rows(logits, drafts, SamplingParams(), [None] * len(counts))
+    for b, draft in enumerate(drafts):
+        alone = verifier.verify(logits[b: b + 1, : draft.num_tokens + 1], draft, SamplingParams(), None)
+        assert torch.equal(rows[b].num_accepted, alone.num_accepted)
+        assert torch.equal(rows[b].emitted, alone.emitted)

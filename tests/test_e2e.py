@@ -88,3 +88,28 @@ def test_bf16_divergences_are_near_ties():
     decoder = SpeculativeDecoder.from_pretrained(proposer="ngram", dtype="bfloat16")
     report = check_lossless(decoder, PROMPTS[:2], max_new_tokens=48)
     assert report.passed, report.describe()
+
+
+BATCH_PROMPTS = PROMPTS + ["Name three colours.", "Count from one to five in French.",
+                           "Tom has 3 apples and buys 5 more. How many apples does he have?"]
+
+
+@pytest.mark.parametrize("proposer", ["autoregressive", "dflash", "eagle3"])
+def test_six_prompts_at_batch_three_equal_each_prompt_alone(float32_target, proposer):
+    """Rows of different lengths that finish at different steps, waiting prompts joining, the adaptive draft
+    budget cutting drafts: each output is that prompt's plain greedy output (transformers', float32)."""
+    decoder = SpeculativeDecoder.from_pretrained(proposer=proposer, dtype="float32")
+    outs = decoder.generate(BATCH_PROMPTS, max_new_tokens=40, batch_size=3)
+    assert [o.token_ids for o in outs] == [hf_greedy(float32_target, p, 40) for p in BATCH_PROMPTS]
+    assert len({o.stats.num_target_forwards for o in outs}) > 1 or proposer == "autoregressive"
+
+
+def test_cli_runs_a_prompts_file_as_a_batch(tmp_path, float32_target):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "id": f"p{i}"}) + "\n" for i, p in enumerate(PROMPTS)))
+    result = CliRunner().invoke(main, ["run", "--prompts", str(prompts), "--batch-size", "2", "--dtype", "float32",
+                                       "-p", "ngram", "-n", "24", "--json"])
+    assert result.exit_code == 0, result.output + result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["id"] for line in lines] == ["p0", "p1", "p2"] and [line["index"] for line in lines] == [0, 1, 2]
+    assert [line["token_ids"] for line in lines] == [hf_greedy(float32_target, p, 24) for p in PROMPTS]

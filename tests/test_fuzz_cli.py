@@ -380,6 +380,10 @@ OPTION_CASES = [
     p("run", "--proposer", unknown_name("proposers"), "proposer"),
     p("run", "--verifier", unknown_name("verifiers"), "verifier"),
     p("run", "--model", st.sampled_from(["./no/such/folder", "/nonexistent/model.gguf"])),
+    p("run", "--draft-budget", NEGATIVE | HUGE | NOT_INT.filter(lambda s: s.strip().lower() != "auto"),
+      "--draft-budget"),
+    p("run", "--batch-size", BELOW_ONE | HUGE | NOT_INT, "--batch-size"),
+    p("run", "--prompts", st.sampled_from(["./no/such.jsonl", "/nonexistent.jsonl"]), "--prompts"),
     p("plugins", "--json", TEXT, "--json"),
     p("check", "--max-new-tokens", BELOW_ONE | HUGE | NOT_INT, "--max-new-tokens"),
     p("check", "--epsilon", EPSILON_BAD, "--epsilon"),
@@ -404,6 +408,8 @@ OPTION_CASES = [
                                           not in get_registry().proposers), "--proposers"),
     p("bench", "--dataset", st.sampled_from(["no-such-set", "./missing.jsonl", " "])),
     p("bench", "--draft-model", st.sampled_from(["./no/such/lm"]), "--draft-model"),
+    p("bench", "--batch-size", BELOW_ONE | st.integers(1025, 2**80).map(str)
+      | st.sampled_from(["x", "1,a", "4.5", "", " , ", "²"]), "--batch-size"),
     p("data generate", "--batch-size", BELOW_ONE | NOT_INT, "--batch-size"),
     p("data generate", "--max-new-tokens", BELOW_ONE | NOT_INT, "--max-new-tokens"),
     p("data generate", "--dtype", DTYPE_FREE_BAD, "dtype"),
@@ -420,7 +426,7 @@ OPTION_CASES = [
     p("train", "--cache", CACHE_BAD),
     p("train", "--proposer", unknown_name("proposers") | st.sampled_from(["ngram", "autoregressive"])),
     p("train", "--data", st.sampled_from(["./no/such/data"]), "data"),
-    p("export", "--format", not_choice("zlab", "speculators"), "--format"),
+    p("export", "--format", not_choice("zlab", "speculators", "vllm", "specforge"), "--format"),
     p("export", "--draft", st.sampled_from(["./no/such/draft"])),
 ]
 

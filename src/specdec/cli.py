@@ -172,6 +172,9 @@ def main(debug: bool) -> None:
               "per line with a \"prompt\" string (and optionally an \"id\"), decoded as a batch instead of PROMPT.")
 @click.option("--batch-size", "-b", default=None, type=int, help="With --prompts: rows decoded together (others "
               "join as rows finish). Default: 16 where the target's cache keeps rows of different lengths, else 1.")
+@click.option("--draft-budget", default="auto", show_default=True, metavar="auto|N", help="Draft tokens a row "
+              "verifies per step: auto (chosen per step of a batch from measured costs and acceptance; one row "
+              "verifies all it drafts) or N (0 = plain decoding).")
 @click.option("--proposer", "-p", default=None, help="Proposer name (see `specdec plugins`); default: the best "
               "one that needs no options (dflash with the shipped draft on the embedded model, else ngram).")
 @click.option("--model", "-m", default=None, help="Target: a local transformers folder, a .gguf file or a hub id. "
@@ -196,7 +199,8 @@ def main(debug: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, token_ids, stats and "
               "stop_reason (eos, stop_string, max_new_tokens or context); with --prompts, one per line, in order.")
 @user_errors
-def run(prompt: str | None, prompts_file: str | None, batch_size: int | None, proposer: str | None,
+def run(prompt: str | None, prompts_file: str | None, batch_size: int | None, draft_budget: str,
+        proposer: str | None,
         model: str | None, draft: str | None, opts: tuple[str, ...], max_new_tokens: int, temperature: float,
         top_k: int, top_p: float, seed: int | None, stop: tuple[str, ...], dtype: str, device: str | None,
         cache: str, verifier: str | None, raw: bool, as_json: bool) -> None:
@@ -217,6 +221,7 @@ def run(prompt: str | None, prompts_file: str | None, batch_size: int | None, pr
     if batch_size is not None and prompts_file is None:
         raise SpecdecError("--batch-size needs --prompts FILE.jsonl (one PROMPT is one row).")
     check_count("--batch-size", batch_size)
+    budget = parse_draft_budget(draft_budget)
     if prompts_file is not None:
         ids, texts = read_prompts(prompts_file)
     else:
@@ -243,12 +248,12 @@ def run(prompt: str | None, prompts_file: str | None, batch_size: int | None, pr
     if prompts_file is not None:
         _run_batch(decoder, name, ids, texts, batch_size, as_json, dict(
             max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            stop=list(stop), raw=raw))
+            stop=list(stop), raw=raw, draft_budget=budget))
         return
     stream = not as_json and sys.stdout.isatty()
     on_text = (lambda text: (click.echo(text, nl=False), sys.stdout.flush())) if stream else None
     out = decoder.generate(texts[0], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                           top_p=top_p, seed=seed, stop=list(stop), raw=raw, on_text=on_text)
+                           top_p=top_p, seed=seed, stop=list(stop), raw=raw, on_text=on_text, draft_budget=budget)
     if as_json:
         click.echo(json.dumps(_json_record(out)))
         return
@@ -269,6 +274,18 @@ def _json_record(out: Any) -> dict[str, Any]:
     stats = out.stats.to_dict()
     return {"text": out.text, "token_ids": out.token_ids, "stats": {k: stats[k] for k in _JSON_STATS},
             "stop_reason": out.stop_reason}
+
+
+def parse_draft_budget(text: str) -> int | None:
+    """--draft-budget: "auto" -> None (adaptive), a whole number >= 0 -> that number."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise SpecdecError(f"--draft-budget must be auto or a whole number of at least 0, got {text!r}.") from None
+    check_count("--draft-budget", value, minimum=0, off="0 is plain decoding")
+    return value
 
 
 def read_prompts(path: str) -> tuple[list[Any], list[str]]:
@@ -314,6 +331,7 @@ def _run_batch(decoder: Any, name: str, ids: list[Any], texts: list[str], batch_
 def plugins(as_json: bool) -> None:
     """List every registered proposer, verifier, cache and plugin command, with the distribution it came from."""
     from .api import default_proposer
+    from .contracts import Proposer
     from .plugins import get_commands, get_registry
 
     registry = get_registry()
@@ -331,6 +349,9 @@ def plugins(as_json: bool) -> None:
                 entry["options"] = {key: _describe_field(field) for key, field in obj.Config.model_fields.items()}
                 entry["default_priority"] = obj.default_priority
                 entry["default"] = name == default
+                # rows of a batch drafted in one call (propose_batch overridden), or each row in turn
+                shared = obj.propose_batch.__func__ is not Proposer.propose_batch.__func__
+                entry["drafts_rows"] = "together" if shared else "one by one"
             if kind == "verifiers":
                 entry["supports"] = [what for what, yes in (("greedy", obj.supports_greedy),
                                                             ("sampling", obj.supports_sampling),
@@ -342,12 +363,13 @@ def plugins(as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("kind", "name", "from", "options / supports", "priority", "description")
+    table = Table("kind", "name", "from", "options / supports", "priority", "batch rows", "description")
     for row in rows:
         priority = "" if "default_priority" not in row else f"{row['default_priority']}" + \
             (" (default)" if row["default"] else "")
         table.add_row(row["kind"], row["name"], row["distribution"],
-                      ", ".join(row.get("options", row.get("supports", []))), priority, row["description"])
+                      ", ".join(row.get("options", row.get("supports", []))), priority,
+                      row.get("drafts_rows", ""), row["description"])
     Console().print(table)
 
 

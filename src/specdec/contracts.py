@@ -243,6 +243,14 @@ class Verifier:
         """target_logits: [B, k+1, V] raw logits at the last committed token and each draft token."""
         raise NotImplementedError
 
+    def verify_rows(self, target_logits: torch.Tensor, drafts: Sequence[Draft], sampling: SamplingParams,
+                    generators: Sequence[torch.Generator | None]) -> list[Verdict]:
+        """One verdict per row of a batch: row b's draft ([1, k_b]) judged on target_logits[b, :k_b + 1]
+        (target_logits [B, 1 + max k_b, V], right-padded) with row b's generator. The default calls `verify`
+        row by row; a verifier with a batched kernel overrides it, with the same result per row."""
+        return [self.verify(target_logits[b: b + 1, : draft.num_tokens + 1], draft, sampling, generator)
+                for b, (draft, generator) in enumerate(zip(drafts, generators, strict=True))]
+
 
 class KVCache:
     """The target's key/value cache, per row. `crop(lengths)` rolls row b back to its first `lengths[b]`

@@ -221,8 +221,11 @@ class Engine:
         forward_start = time.perf_counter()
         out = self.target.forward(feed, tree_parents=parents)  # logits [B, 1 + k_max, V]
         forward_seconds = time.perf_counter() - forward_start
-        verdicts = [verifier.verify(out.logits[b: b + 1, : d.num_tokens + 1], d, row.sampling, row.generator)
-                    for b, (row, d) in enumerate(zip(rows, drafts, strict=True))]
+        verdicts = verifier.verify_rows(out.logits, drafts, rows[0].sampling, [row.generator for row in rows])
+        if not isinstance(verdicts, list) or len(verdicts) != len(rows):
+            raise PluginError(f"Verifier {type(verifier).name!r} ({type(verifier).__module__}) returned "
+                              f"{len(verdicts) if isinstance(verdicts, list) else type(verdicts).__name__} verdicts "
+                              f"from verify_rows for {len(rows)} rows; expected a list of one per row.")
         accepted = [int(v.num_accepted[0]) for v in verdicts]
         lengths = [row.length for row in rows]  # committed before this step; the cache held one fewer
         if parents is None:

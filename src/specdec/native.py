@@ -378,8 +378,10 @@ class NativeForward:
                 raise ValueError(f"Rows of different lengths {rows} take a per-row mask [B, n, longest + n] "
                                  f"({batch}, {n}, {max(rows) + n}), not {tuple(attention_mask.shape)}.")
             total = max(rows) + n
-            slots = torch.tensor(rows, device=x.device).unsqueeze(1) + torch.arange(n, device=x.device)
-            slots = slots[:, None, :, None].expand(batch, kv_heads, n, head_dim)
+            # row b's n tokens go to its slots rows[b] .. rows[b] + n - 1: an index_put with [B, n] indices (on
+            # this CPU ~15 us per layer at 16 rows, where a scatter_ with its [B, kv, n, d] index took ~0.2 ms)
+            slots = torch.tensor(rows, device=x.device).unsqueeze(1) + torch.arange(n, device=x.device)  # [B, n]
+            row_index = torch.arange(batch, device=x.device).unsqueeze(1).expand(batch, n)  # [B, n]
             mask4d = attention_mask[:, None]
             sdpa_mask = mask4d
         else:
@@ -408,8 +410,8 @@ class NativeForward:
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             if cache is not None and rows is not None:
                 assert cache.keys is not None and cache.values is not None
-                cache.keys[i].scatter_(2, slots, k)
-                cache.values[i].scatter_(2, slots, v)
+                cache.keys[i][row_index, :, slots] = k.transpose(1, 2)  # [B, n, kv, d] at [b, :, slot]
+                cache.values[i][row_index, :, slots] = v.transpose(1, 2)
                 k, v = cache.keys[i, :, :, :total], cache.values[i, :, :, :total]
             elif cache is not None:
                 assert cache.keys is not None and cache.values is not None

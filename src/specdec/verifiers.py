@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 import torch
 
-from specdec_kernels import greedy_verify, rejection_sample
+from specdec_kernels import greedy_verify, greedy_verify_ragged, rejection_sample
 
 from . import tree
 from .contracts import Draft, Verdict, Verifier
@@ -24,6 +27,23 @@ class GreedyVerifier(Verifier):
             return Verdict(*tree.verify_tree(lambda b, i: chosen[b][i], draft.tokens, draft.parents))
         num_accepted, emitted = greedy_verify(target_logits, draft.tokens)
         return Verdict(num_accepted=num_accepted, emitted=emitted)
+
+    def verify_rows(self, target_logits: torch.Tensor, drafts: Sequence[Draft], sampling: SamplingParams,
+                    generators: Sequence[torch.Generator | None]) -> list[Verdict]:
+        if len(drafts) == 1 or any(draft.parents is not None for draft in drafts):
+            return super().verify_rows(target_logits, drafts, sampling, generators)
+        # every row a chain: one ragged verification (vLLM's flat layout) instead of a call per row
+        counts = [draft.num_tokens for draft in drafts]
+        device = target_logits.device
+        flat = target_logits.reshape(-1, target_logits.shape[-1])  # [B * (1 + max k), V]
+        if any(k + 1 != target_logits.shape[1] for k in counts):  # padded rows: keep each row's k_b + 1
+            positions = [b * target_logits.shape[1] + j for b, k in enumerate(counts) for j in range(k + 1)]
+            flat = flat.index_select(0, torch.tensor(positions, device=device))  # [M + B, V]
+        tokens = torch.cat([draft.tokens[0].to(device) for draft in drafts])  # [M]
+        cu = torch.tensor([0, *itertools.accumulate(counts)], device=device)
+        num_accepted, emitted = greedy_verify_ragged(flat, tokens, cu, max_num_draft_tokens=max(counts))
+        return [Verdict(num_accepted=num_accepted[b: b + 1], emitted=emitted[b: b + 1, : k + 1])
+                for b, k in enumerate(counts)]
 
 
 class RejectionSamplingVerifier(Verifier):

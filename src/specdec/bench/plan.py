@@ -82,11 +82,15 @@ def parse_batch_sizes(text: str | None, baselines: Sequence[str]) -> list[int]:
         return []
     sizes: list[int] = []
     for part in split_names(text):
-        if not part.isdigit() or not 1 <= int(part) <= MAX_BATCH_SIZE:
+        try:
+            size = int(part)
+        except ValueError:
+            size = 0
+        if not 1 <= size <= MAX_BATCH_SIZE:
             raise SpecdecError(f"--batch-size {text!r}: {part!r} is not a whole number from 1 to {MAX_BATCH_SIZE}; "
                                "write e.g. --batch-size 1,4,16.")
-        if int(part) not in sizes:
-            sizes.append(int(part))
+        if size not in sizes:
+            sizes.append(size)
     if not sizes:
         raise SpecdecError("--batch-size is empty; write e.g. --batch-size 1,4,16.")
     other = [b for b in baselines if b != HF_GREEDY]
