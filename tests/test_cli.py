@@ -287,13 +287,15 @@ def test_stop_given_as_one_string_is_one_stop_string(model_dir):
     assert decoder.generate_ids(ids, max_new_tokens=6, stop=second).token_ids == free.token_ids[:2]
 
 
-def test_generate_a_list_of_prompts_is_a_sentence(model_dir):
+def test_generate_a_list_of_prompts_gives_one_output_each(model_dir):
     from specdec import SpecdecError, SpeculativeDecoder
 
     decoder = SpeculativeDecoder.from_pretrained(model_dir, proposer="ngram", dtype="float32", device="cpu")
-    with pytest.raises(SpecdecError, match=r"one prompt .* list of 2 prompts; batching is not supported yet"):
-        decoder.generate(["w5", "w6"])
-    with pytest.raises(SpecdecError, match="not valid UTF-8"):
+    outs = decoder.generate(["w5", "w6 w7"], max_new_tokens=4)
+    assert [o.token_ids for o in outs] == [decoder.generate(p, max_new_tokens=4).token_ids for p in ["w5", "w6 w7"]]
+    with pytest.raises(SpecdecError, match="Prompt 1 is not valid UTF-8"):
+        decoder.generate(["w5", "w5 \udcff"])
+    with pytest.raises(SpecdecError, match="The prompt is not valid UTF-8"):
         decoder.generate("w5 \udcff")
 
 

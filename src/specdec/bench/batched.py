@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -153,33 +152,3 @@ def render_batched_markdown(batched: Mapping[str, Any]) -> list[str]:
             lines.append(f"| {batch} | {name} | {r['tokens_per_second']:.1f} | {ratio(r['speedup_vs_autoregressive'])} "
                          f"| {ratio(r['speedup_vs_hf_greedy'])} | {tau} | {match} | {r['peak_rss_mb']:.0f} |")
     return lines + [""]
-
-
-def plot_batched(batched: Mapping[str, Any], out: Path) -> list[Path]:
-    """throughput_by_batch.png and speedup_by_batch.png (vs specdec's plain batched decoding)."""
-    from .plots import _figure
-
-    sizes = [int(b) for b in batched]
-    names = list(next(iter(batched.values())))
-    written = []
-    for file, key, label in (("throughput_by_batch.png", "tokens_per_second", "generated tokens per second"),
-                             ("speedup_by_batch.png", "speedup_vs_autoregressive",
-                              "speedup vs specdec plain batched decoding")):
-        fig = _figure()
-        ax = fig.add_subplot()
-        for name in names:
-            values = [batched[str(b)][name][key] for b in sizes]
-            if any(v is None for v in values):
-                continue
-            ax.plot(sizes, values, marker="o", label=name)
-        if key == "speedup_vs_autoregressive":
-            ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(b) for b in sizes])
-        ax.set_xlabel("batch size")
-        ax.set_ylabel(label)
-        ax.legend()
-        path = out / file
-        fig.savefig(path)
-        written.append(path)
-    return written

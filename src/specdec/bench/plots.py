@@ -20,8 +20,6 @@ def _figure(width: float = 6.4, height: float = 4.0) -> Any:
 def write_plots(results: Mapping[str, Any], out: Path) -> list[Path]:
     """acceptance_lengths.png, acceptance_per_position.png, speedup.png (where there is data for them)."""
     if results.get("batched"):
-        from .batched import plot_batched
-
         return plot_batched(results["batched"], out)
     runners = results["proposers"]
     written: list[Path] = []
@@ -78,4 +76,32 @@ def write_plots(results: Mapping[str, Any], out: Path) -> list[Path]:
         fig.tight_layout()
         written.append(out / "speedup.png")
         fig.savefig(written[-1])
+    return written
+
+
+def plot_batched(batched: Mapping[str, Any], out: Path) -> list[Path]:
+    """throughput_by_batch.png and speedup_by_batch.png (vs specdec's plain batched decoding)."""
+    sizes = [int(b) for b in batched]
+    names = list(next(iter(batched.values())))
+    written = []
+    for file, key, label in (("throughput_by_batch.png", "tokens_per_second", "generated tokens per second"),
+                             ("speedup_by_batch.png", "speedup_vs_autoregressive",
+                              "speedup vs specdec plain batched decoding")):
+        fig = _figure()
+        ax = fig.add_subplot()
+        for name in names:
+            values = [batched[str(b)][name][key] for b in sizes]
+            if any(v is None for v in values):
+                continue
+            ax.plot(sizes, values, marker="o", label=name)
+        if key == "speedup_vs_autoregressive":
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(label)
+        ax.legend()
+        path = out / file
+        fig.savefig(path)
+        written.append(path)
     return written
