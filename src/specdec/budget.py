@@ -19,6 +19,7 @@ under load for the same reason; here one rule covers every batch size and every 
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Sequence
 
@@ -60,9 +61,10 @@ class DraftBudget:
         while len(self.seen) <= drafted:
             self.seen.append(0)
             self.accepted_sum.append(0.0)
+        nodes = sorted(path)  # a path's nodes rise (parents come first); sorted() only guards the contract
         for m in range(drafted + 1):
             self.seen[m] += 1
-            self.accepted_sum[m] += sum(1 for node in path if node < m)
+            self.accepted_sum[m] += bisect.bisect_left(nodes, m)  # accepted nodes among the first m
 
     def record_step_time(self, rows: int, drafted: bool, seconds: float) -> None:
         """A step's time outside the target's forward (drafting, verifying, committing, the proposers' observe),

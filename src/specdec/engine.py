@@ -226,7 +226,7 @@ class Engine:
             raise PluginError(f"Verifier {type(verifier).name!r} ({type(verifier).__module__}) returned "
                               f"{len(verdicts) if isinstance(verdicts, list) else type(verdicts).__name__} verdicts "
                               f"from verify_rows for {len(rows)} rows; expected a list of one per row.")
-        accepted = [int(v.num_accepted[0]) for v in verdicts]
+        accepted = torch.cat([v.num_accepted.reshape(1) for v in verdicts]).tolist()  # one host read per step
         lengths = [row.length for row in rows]  # committed before this step; the cache held one fewer
         if parents is None:
             self.target.crop([length + n for length, n in zip(lengths, accepted, strict=True)])

@@ -106,7 +106,6 @@ class Row:
     def __init__(self, index: int, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
                  generator: torch.Generator, stops: StopChecker) -> None:
         self.index = index
-        self.prompt_ids = prompt_ids  # [T]
         self.prompt_length = int(prompt_ids.shape[0])
         self.max_new_tokens = max_new_tokens
         self.sampling, self.generator, self.stops = sampling, generator, stops
@@ -120,6 +119,11 @@ class Row:
         self.stopped = False
         self.proposer: Proposer | None = None  # while the row is in the batch
         self.joined_at = 0.0
+
+    @property
+    def prompt_ids(self) -> torch.Tensor:
+        """The prompt's ids [T] (the buffer's first prompt_length)."""
+        return self.buffer[0, : self.prompt_length]
 
     @property
     def finished(self) -> bool:

@@ -181,6 +181,29 @@ class Attention(nn.Module):
     def _heads(self, x: torch.Tensor, proj: nn.Linear, heads: int) -> torch.Tensor:
         return proj(x).view(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)  # [B, heads, n, d]
 
+    def _project(self, x: torch.Tensor, context: torch.Tensor, rope_block: tuple[torch.Tensor, torch.Tensor],
+                 rope_context: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """q [B, h, n, d] and the block's keys and values [B, g, n, d] from x; the context's [B, g, c, d]."""
+        q = apply_rope(self.q_norm(self._heads(x, self.q_proj, self.heads)), *rope_block)
+        k_block = apply_rope(self.k_norm(self._heads(x, self.k_proj, self.kv_heads)), *rope_block)
+        v_block = self._heads(x, self.v_proj, self.kv_heads)
+        k_ctx = apply_rope(self.k_norm(self._heads(context, self.k_proj, self.kv_heads)), *rope_context)
+        v_ctx = self._heads(context, self.v_proj, self.kv_heads)
+        return q, k_block, v_block, k_ctx, v_ctx
+
+    def _extend(self, cache: DraftCache, k_ctx: torch.Tensor,
+                v_ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache's context keys and values for this layer followed by the new ones (cut to the window), kept
+        in the cache and returned. The block is not kept: the next step's block re-enters at the new committed
+        position."""
+        past_k, past_v = cache.keys[self.layer], cache.values[self.layer]
+        if past_k is not None:
+            k_ctx, v_ctx = torch.cat([past_k, k_ctx], dim=2), torch.cat([past_v, v_ctx], dim=2)
+        if self.window is not None:
+            k_ctx, v_ctx = k_ctx[:, :, -self.window:], v_ctx[:, :, -self.window:]
+        cache.keys[self.layer], cache.values[self.layer] = k_ctx, v_ctx
+        return k_ctx, v_ctx
+
     def forward(
         self,
         x: torch.Tensor,  # [B, n, H] normed block hidden states
@@ -191,19 +214,9 @@ class Attention(nn.Module):
         attention_mask: torch.Tensor | None,  # [B, 1, n, c_total + n] or [n, ...] bool, True = may attend (training)
     ) -> torch.Tensor:
         batch, n, _ = x.shape
-        q = apply_rope(self.q_norm(self._heads(x, self.q_proj, self.heads)), *rope_block)
-        k_block = apply_rope(self.k_norm(self._heads(x, self.k_proj, self.kv_heads)), *rope_block)
-        v_block = self._heads(x, self.v_proj, self.kv_heads)
-        k_ctx = apply_rope(self.k_norm(self._heads(context, self.k_proj, self.kv_heads)), *rope_context)
-        v_ctx = self._heads(context, self.v_proj, self.kv_heads)
+        q, k_block, v_block, k_ctx, v_ctx = self._project(x, context, rope_block, rope_context)
         if cache is not None:
-            past_k, past_v = cache.keys[self.layer], cache.values[self.layer]
-            if past_k is not None:
-                k_ctx, v_ctx = torch.cat([past_k, k_ctx], dim=2), torch.cat([past_v, v_ctx], dim=2)
-            if self.window is not None:
-                k_ctx, v_ctx = k_ctx[:, :, -self.window:], v_ctx[:, :, -self.window:]
-            # the block is not kept: the next step's block re-enters at the new committed position
-            cache.keys[self.layer], cache.values[self.layer] = k_ctx, v_ctx
+            k_ctx, v_ctx = self._extend(cache, k_ctx, v_ctx)
         k = torch.cat([k_ctx, k_block], dim=2)
         v = torch.cat([v_ctx, v_block], dim=2)
         gqa = self.heads != self.kv_heads
@@ -229,21 +242,11 @@ class Attention(nn.Module):
         """`forward` for R sequences at once, each with its own cache and context length: the projections run
         once over every row, attention over each row's own context padded to the longest (masked)."""
         rows, n, _ = x.shape
-        q = apply_rope(self.q_norm(self._heads(x, self.q_proj, self.heads)), *rope_block)
-        k_block = apply_rope(self.k_norm(self._heads(x, self.k_proj, self.kv_heads)), *rope_block)
-        v_block = self._heads(x, self.v_proj, self.kv_heads)
-        k_new = apply_rope(self.k_norm(self._heads(context, self.k_proj, self.kv_heads)), *rope_context)
-        v_new = self._heads(context, self.v_proj, self.kv_heads)  # [1, g, sum c, d]
+        q, k_block, v_block, k_new, v_new = self._project(x, context, rope_block, rope_context)  # ctx: [1, g, sum c, d]
         keys, values, start = [], [], 0
         for cache, count in zip(caches, counts, strict=True):
-            k_ctx, v_ctx = k_new[:, :, start: start + count], v_new[:, :, start: start + count]
+            k_ctx, v_ctx = self._extend(cache, k_new[:, :, start: start + count], v_new[:, :, start: start + count])
             start += count
-            past_k, past_v = cache.keys[self.layer], cache.values[self.layer]
-            if past_k is not None:
-                k_ctx, v_ctx = torch.cat([past_k, k_ctx], dim=2), torch.cat([past_v, v_ctx], dim=2)
-            if self.window is not None:
-                k_ctx, v_ctx = k_ctx[:, :, -self.window:], v_ctx[:, :, -self.window:]
-            cache.keys[self.layer], cache.values[self.layer] = k_ctx, v_ctx
             keys.append(k_ctx)
             values.append(v_ctx)
         longest = max(k.shape[2] for k in keys)
