@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """GPU check of the verification kernels (meant for the device tool's H200, when one is lent).
 
-1. Runs tests/test_kernels.py on CUDA (compiled kernels, not the interpreter).
+1. Runs tests/test_kernels.py and tests/test_ragged_verify.py on CUDA (compiled kernels, not the interpreter).
 2. At B in {1, 32, 128}, k in {7, 15}, V in {49152, 151936}, bf16 and fp32 inputs: checks each Triton kernel
    gives exactly the torch reference's output, times both, and prints a Markdown table.
 
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_tests(examples: int) -> int:
     env = {**os.environ, "SPECDEC_KERNEL_TEST_DEVICE": "cuda", "SPECDEC_KERNEL_TEST_EXAMPLES": str(examples)}
     env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_kernels.py"), "-q", "-x", "-p",
-           "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_kernels.py"),
+           str(ROOT / "tests" / "test_ragged_verify.py"), "-q", "-x", "-p", "no:cacheprovider"]
     start = time.perf_counter()
     result = subprocess.run(cmd, cwd=ROOT, env=env)
     print(f"kernel tests on CUDA: exit {result.returncode} in {time.perf_counter() - start:.0f} s", flush=True)

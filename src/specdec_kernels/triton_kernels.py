@@ -8,6 +8,11 @@ Both ops are memory-bound reductions over the vocabulary, so each is two launche
 2. an *accept* kernel, one program per batch row: combines the slices' partials into the argmax, finds the
    accepted prefix and writes ``num_accepted`` and the ``-1``-padded ``emitted`` row.
 
+Every kernel takes vLLM's ragged layout: row b's draft length k_b = cu[b+1] - cu[b] comes from per-row offsets
+on the device. A padded batch ``[B, k+1, V]`` is the case cu = (0, k, 2k, ...) with its own strides, so
+the padded entry points here and the ragged ones in `triton_ragged` launch the same kernels
+(`launch_greedy`, `launch_rejection`).
+
 Exactness. ``torch.argmax`` returns the first index of the maximum and treats NaN as larger than
 everything (first NaN wins); `_argmax_update` / `_argmax_reduce` implement that order: within a lane the
 indices only grow, so a strict ``>`` keeps the earlier index, and across lanes/slices the smallest index among
@@ -73,15 +78,6 @@ def _argmax_reduce(vals, idxs, axis: tl.constexpr):
     return tl.where(has_nan, float("nan"), best_val), tl.where(has_nan, nan_idx, best_idx)
 
 
-@triton.jit
-def _emit_row(out_ptr, draft_ptr, K, n, final, BLOCK_P: tl.constexpr):
-    """Row of `reference._emit`: draft[:n], then `final` at index n, then -1, over k+1 entries."""
-    offs = tl.arange(0, BLOCK_P)
-    draft = tl.load(draft_ptr + offs, mask=offs < K, other=-1)
-    row = tl.where(offs < n, draft, tl.where(offs == n, final.to(tl.int64), -1))
-    tl.store(out_ptr + offs, row, mask=offs < K + 1)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Greedy verification.
 # --------------------------------------------------------------------------------------------------------------
@@ -125,29 +121,41 @@ def _chain_prefix_len(match, offs, K):
 
 
 @triton.jit
+def _emit_row(out_ptr, draft_row, K, n, final, W, BLOCK_P: tl.constexpr):
+    """Row of `reference._emit` at width W: draft[:n], then `final` at index n, then -1 up to W."""
+    offs = tl.arange(0, BLOCK_P)
+    draft = tl.load(draft_row + offs, mask=offs < K, other=-1)
+    row = tl.where(offs < n, draft, tl.where(offs == n, final.to(tl.int64), -1))
+    tl.store(out_ptr + offs, row, mask=offs < W)
+
+
+@triton.jit
 def _greedy_accept_kernel(
-    part_val_ptr, part_idx_ptr,  # [B * (K+1), S]
-    draft_ptr, stride_db,  # [B, K] int64, last stride 1
-    num_acc_ptr, out_ptr, stride_ob,  # [B] int64, [B, K+1] int64
-    K, S,
+    part_val_ptr, part_idx_ptr,  # [M + B, S]: row b's k_b + 1 positions at cu[b] + b ...
+    draft_ptr,  # [M] int64
+    cu_ptr,  # [B + 1] int64
+    num_acc_ptr, out_ptr, stride_ob,  # [B] int64, [B, W] int64
+    W, S,
     BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
-    P = K + 1
+    start = tl.load(cu_ptr + b)
+    K = tl.load(cu_ptr + b + 1) - start
+    first = start + b  # partials row of position 0 (the last committed token)
     offs_p = tl.arange(0, BLOCK_P)
     offs_s = tl.arange(0, BLOCK_S)
-    mask = (offs_p[:, None] < P) & (offs_s[None, :] < S)
-    ptrs = (b * P + offs_p[:, None]) * S + offs_s[None, :]
+    mask = (offs_p[:, None] < K + 1) & (offs_s[None, :] < S)
+    ptrs = (first + offs_p[:, None]) * S + offs_s[None, :]
     vals = tl.load(part_val_ptr + ptrs, mask=mask, other=float("-inf"))
     idxs = tl.load(part_idx_ptr + ptrs, mask=mask, other=_NO_INDEX)
-    _, target = _argmax_reduce(vals, idxs, 1)  # [BLOCK_P]: argmax at each of the k+1 positions
+    _, target = _argmax_reduce(vals, idxs, 1)  # [BLOCK_P]: argmax at each of the k_b + 1 positions
 
-    draft_row = draft_ptr + b.to(tl.int64) * stride_db
+    draft_row = draft_ptr + start
     draft = tl.load(draft_row + offs_p, mask=offs_p < K, other=-1)
     n = _chain_prefix_len(draft == target, offs_p, K)
     final = tl.min(tl.where(offs_p == n, target, _NO_INDEX), axis=0)
     tl.store(num_acc_ptr + b, n.to(tl.int64))
-    _emit_row(out_ptr + b.to(tl.int64) * stride_ob, draft_row, K, n, final, BLOCK_P)
+    _emit_row(out_ptr + b.to(tl.int64) * stride_ob, draft_row, K, n, final, W, BLOCK_P)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -194,25 +202,27 @@ def _race_weights(p_at, q_at, e_row, sub_tok, q_end, floor, offs, mask, HAS_Q: t
 
 @triton.jit
 def _rejection_partials_kernel(
-    p_ptr, stride_pb, stride_pp,  # target_probs [B, K+1, V]
-    q_ptr, stride_qb, stride_qp,  # draft_probs [B, K, V] (unused unless HAS_Q)
-    draft_ptr, stride_db,  # [B, K] int64
-    u_ptr, stride_ub,  # uniforms [B, K] float64
+    p_ptr, stride_pb, stride_pr, stride_pp,  # target_probs: row b's position j at b*pb + (cu[b] + b)*pr + j*pp
+    q_ptr, stride_qb, stride_qr, stride_qp,  # draft_probs, likewise at b*qb + cu[b]*qr + j*qp (unless HAS_Q)
+    draft_ptr,  # [M] int64
+    u_ptr,  # uniforms [M] float64
     e_ptr, stride_eb,  # exponentials [B, V] float64
+    cu_ptr,  # [B + 1] int64
     num_acc_ptr,  # [B] int64, written by slice 0
     part_val_ptr, part_idx_ptr,  # [B, S]
-    K, V, SPLIT, S,
+    V, SPLIT, S,
     HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
     b64 = b.to(tl.int64)
-    p_row = p_ptr + b64 * stride_pb
-    q_row = q_ptr + b64 * stride_qb
-    draft_row = draft_ptr + b64 * stride_db
+    start = tl.load(cu_ptr + b)
+    K = tl.load(cu_ptr + b + 1) - start
+    p_row = p_ptr + b64 * stride_pb + (start + b64) * stride_pr
+    q_row = q_ptr + b64 * stride_qb + start * stride_qr
+    draft_row = draft_ptr + start
     # Every slice recomputes the acceptance count (k gathers) rather than waiting for another launch.
-    n = _chain_accept_count(p_row, stride_pp, q_row, stride_qp, draft_row, u_ptr + b64 * stride_ub, K, HAS_Q,
-                            BLOCK_P)
+    n = _chain_accept_count(p_row, stride_pp, q_row, stride_qp, draft_row, u_ptr + start, K, HAS_Q, BLOCK_P)
     if split == 0:
         tl.store(num_acc_ptr + b, n.to(tl.int64))
 
@@ -233,8 +243,8 @@ def _rejection_partials_kernel(
     mask = offs < hi
     acc_val = _race_weights(p_at, q_at, e_row, sub_tok, q_end, floor, offs, mask, HAS_Q)
     acc_idx = tl.where(mask, offs, _NO_INDEX)
-    for start in range(lo + BLOCK_V, hi, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
+    for chunk in range(lo + BLOCK_V, hi, BLOCK_V):
+        offs = chunk + tl.arange(0, BLOCK_V)
         mask = offs < hi
         w = _race_weights(p_at, q_at, e_row, sub_tok, q_end, floor, offs, mask, HAS_Q)
         acc_val, acc_idx = _argmax_update(acc_val, acc_idx, w, offs)
@@ -247,19 +257,22 @@ def _rejection_partials_kernel(
 @triton.jit
 def _rejection_emit_kernel(
     part_val_ptr, part_idx_ptr,  # [B, S]
-    draft_ptr, stride_db,
+    draft_ptr,  # [M] int64
+    cu_ptr,  # [B + 1] int64
     num_acc_ptr, out_ptr, stride_ob,
-    K, S,
+    W, S,
     BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0)
+    start = tl.load(cu_ptr + b)
+    K = tl.load(cu_ptr + b + 1) - start
     offs_s = tl.arange(0, BLOCK_S)
     mask = offs_s < S
     vals = tl.load(part_val_ptr + b * S + offs_s, mask=mask, other=float("-inf"))
     idxs = tl.load(part_idx_ptr + b * S + offs_s, mask=mask, other=_NO_INDEX)
     _, final = _argmax_reduce(vals, idxs, 0)
     n = tl.load(num_acc_ptr + b)
-    _emit_row(out_ptr + b.to(tl.int64) * stride_ob, draft_ptr + b.to(tl.int64) * stride_db, K, n, final, BLOCK_P)
+    _emit_row(out_ptr + b.to(tl.int64) * stride_ob, draft_ptr + start, K, n, final, W, BLOCK_P)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -304,6 +317,79 @@ def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def launch_greedy(logits: torch.Tensor, stride_b: int, stride_p: int, positions: int, rows: int,
+                  draft: torch.Tensor, cu: torch.Tensor, num_accepted: torch.Tensor, emitted: torch.Tensor,
+                  block_v: int | None, num_splits: int | None) -> None:
+    """The two greedy launches. Logits row r = b * positions + p sits at b * stride_b + p * stride_p (a
+    flat [M + B, V] tensor is the case positions = M + B, stride_b = 0); row b of the batch owns partials
+    rows cu[b] + b .. cu[b+1] + b. draft [M] int64, cu [B + 1] int64 on the logits' device."""
+    batch, vocab = num_accepted.shape[0], logits.shape[-1]
+    block, split, n_splits = _split_plan(rows, vocab, logits.device, block_v, num_splits)
+    part_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    part_val = torch.empty(rows, n_splits, dtype=part_dtype, device=logits.device)
+    part_idx = torch.empty(rows, n_splits, dtype=torch.int32, device=logits.device)
+    _argmax_partials_kernel[(rows, n_splits)](
+        logits, stride_b, stride_p,
+        part_val, part_idx,
+        positions, vocab, split, n_splits,
+        BLOCK_V=block, num_warps=8 if block >= 2048 else 4,
+    )
+    width = emitted.shape[1]
+    _greedy_accept_kernel[(batch,)](
+        part_val, part_idx,
+        draft if draft.numel() else num_accepted,  # a stand-in never dereferenced when M == 0 (loads masked)
+        cu,
+        num_accepted, emitted, emitted.stride(0),
+        width, n_splits,
+        BLOCK_P=max(2, triton.next_power_of_2(width)), BLOCK_S=max(2, triton.next_power_of_2(n_splits)),
+        num_warps=4,
+    )
+
+
+def launch_rejection(p: torch.Tensor, p_strides: tuple[int, int, int], q: torch.Tensor | None,
+                     q_strides: tuple[int, int, int], draft: torch.Tensor, uniforms: torch.Tensor,
+                     exponentials: torch.Tensor, cu: torch.Tensor, num_accepted: torch.Tensor,
+                     emitted: torch.Tensor, block_v: int | None, num_splits: int | None) -> None:
+    """The two rejection-sampling launches. Row b's position j of p is at b * pb + (cu[b] + b) * pr + j * pp
+    for p_strides = (pb, pr, pp) (padded [B, k+1, V]: (stride 0, 0, stride 1); flat [M + B, V]: (0, stride 0,
+    stride 0)); q likewise without the "+ b". q None: point-mass drafts. uniforms [M], exponentials [B, V]
+    float64; draft [M] int64; cu [B + 1] int64."""
+    batch, vocab = num_accepted.shape[0], p.shape[-1]
+    has_q = q is not None and draft.numel() > 0
+    q_arg = q if has_q else p  # p is a never-dereferenced stand-in when not has_q
+    block, split, n_splits = _split_plan(batch, vocab, p.device, block_v, num_splits)
+    part_val = torch.empty(batch, n_splits, dtype=torch.float64, device=p.device)
+    part_idx = torch.empty(batch, n_splits, dtype=torch.int32, device=p.device)
+    e = exponentials
+    draft_arg, u_arg = (draft, uniforms) if draft.numel() else (num_accepted, e)  # stand-ins: no loads
+    width = emitted.shape[1]
+    block_p = max(2, triton.next_power_of_2(width))
+    _rejection_partials_kernel[(batch, n_splits)](
+        p, *p_strides,
+        q_arg, *q_strides,
+        draft_arg, u_arg,
+        e, e.stride(0),
+        cu, num_accepted,
+        part_val, part_idx,
+        vocab, split, n_splits,
+        HAS_Q=has_q, BLOCK_V=block, BLOCK_P=block_p, num_warps=8 if block >= 2048 else 4,
+        enable_fp_fusion=False,  # no contraction into FMAs: the float64 math must round like torch's
+    )
+    _rejection_emit_kernel[(batch,)](
+        part_val, part_idx,
+        draft_arg, cu,
+        num_accepted, emitted, emitted.stride(0),
+        width, n_splits,
+        BLOCK_P=block_p, BLOCK_S=max(2, triton.next_power_of_2(n_splits)),
+        num_warps=4,
+    )
+
+
+def _uniform_offsets(batch: int, k: int, device: torch.device) -> torch.Tensor:
+    """cu [B + 1] of a padded batch: every row holds k draft tokens (the ragged kernels' uniform case)."""
+    return torch.arange(batch + 1, dtype=torch.int64, device=device) * k
+
+
 def greedy_verify_triton(
     target_logits: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -313,36 +399,19 @@ def greedy_verify_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, k+1, V], draft_tokens [B, k] -> (num_accepted [B] int64, emitted [B, k+1] int64).
 
-    Same meaning as `reference.greedy_verify_torch`. `block_v` / `num_splits` override the launch plan
-    (tests use them to exercise many chunks and slices on small vocabularies)."""
-    batch, k, vocab = _check_common(target_logits, draft_tokens, "target_logits")
+    Same meaning as `reference.greedy_verify_torch`: the ragged kernels with every row holding k tokens.
+    `block_v` / `num_splits` override the launch plan (tests use them to exercise many chunks and slices on
+    small vocabularies)."""
+    batch, k, _ = _check_common(target_logits, draft_tokens, "target_logits")
     device = target_logits.device
     logits = _last_contiguous(target_logits)
-    draft = draft_tokens.to(torch.int64).contiguous()
-    rows = batch * (k + 1)
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     emitted = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
     if batch == 0:
         return num_accepted, emitted
-    block, split, n_splits = _split_plan(rows, vocab, device, block_v, num_splits)
-    part_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    part_val = torch.empty(rows, n_splits, dtype=part_dtype, device=device)
-    part_idx = torch.empty(rows, n_splits, dtype=torch.int32, device=device)
-    _argmax_partials_kernel[(rows, n_splits)](
-        logits, logits.stride(0), logits.stride(1),
-        part_val, part_idx,
-        k + 1, vocab, split, n_splits,
-        BLOCK_V=block, num_warps=8 if block >= 2048 else 4,
-    )
-    draft_arg = draft if k > 0 else num_accepted  # never dereferenced when k == 0 (all loads masked)
-    _greedy_accept_kernel[(batch,)](
-        part_val, part_idx,
-        draft_arg, k,
-        num_accepted, emitted, emitted.stride(0),
-        k, n_splits,
-        BLOCK_P=max(2, triton.next_power_of_2(k + 1)), BLOCK_S=max(2, triton.next_power_of_2(n_splits)),
-        num_warps=4,
-    )
+    draft = draft_tokens.to(torch.int64).reshape(-1).contiguous()
+    launch_greedy(logits, logits.stride(0), logits.stride(1), k + 1, batch * (k + 1), draft,
+                  _uniform_offsets(batch, k, device), num_accepted, emitted, block_v, num_splits)
     return num_accepted, emitted
 
 
@@ -369,39 +438,15 @@ def rejection_sample_triton(
             raise TypeError(f"draft_probs must be floating point, got {draft_probs.dtype}")
     if tuple(uniforms.shape) != (batch, k) or tuple(exponentials.shape) != (batch, vocab):
         raise ValueError("uniforms must be [B, k] and exponentials [B, V]")
-    p = _last_contiguous(target_probs)
-    draft = draft_tokens.to(torch.int64).contiguous()
-    u = uniforms.to(torch.float64).contiguous()
-    e = exponentials.to(torch.float64).contiguous()
     num_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     emitted = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
     if batch == 0:
         return num_accepted, emitted
-    has_q = draft_probs is not None and k > 0
-    q = _last_contiguous(draft_probs) if has_q else p  # p is a never-dereferenced stand-in when not has_q
-    block, split, n_splits = _split_plan(batch, vocab, device, block_v, num_splits)
-    part_val = torch.empty(batch, n_splits, dtype=torch.float64, device=device)
-    part_idx = torch.empty(batch, n_splits, dtype=torch.int32, device=device)
-    draft_arg, u_arg = (draft, u) if k > 0 else (num_accepted, e)  # stand-ins: no loads when k == 0
-    block_p = max(2, triton.next_power_of_2(k + 1))
-    _rejection_partials_kernel[(batch, n_splits)](
-        p, p.stride(0), p.stride(1),
-        q, q.stride(0), q.stride(1),
-        draft_arg, k,
-        u_arg, k,
-        e, e.stride(0),
-        num_accepted,
-        part_val, part_idx,
-        k, vocab, split, n_splits,
-        HAS_Q=has_q, BLOCK_V=block, BLOCK_P=block_p, num_warps=8 if block >= 2048 else 4,
-        enable_fp_fusion=False,  # no contraction into FMAs: the float64 math must round like torch's
-    )
-    _rejection_emit_kernel[(batch,)](
-        part_val, part_idx,
-        draft_arg, k,
-        num_accepted, emitted, emitted.stride(0),
-        k, n_splits,
-        BLOCK_P=block_p, BLOCK_S=max(2, triton.next_power_of_2(n_splits)),
-        num_warps=4,
-    )
+    p = _last_contiguous(target_probs)
+    q = _last_contiguous(draft_probs) if draft_probs is not None and k > 0 else None
+    q_strides = (q.stride(0), 0, q.stride(1)) if q is not None else (0, 0, 0)
+    launch_rejection(p, (p.stride(0), 0, p.stride(1)), q, q_strides,
+                     draft_tokens.to(torch.int64).reshape(-1).contiguous(),
+                     uniforms.to(torch.float64).reshape(-1).contiguous(), exponentials.to(torch.float64).contiguous(),
+                     _uniform_offsets(batch, k, device), num_accepted, emitted, block_v, num_splits)
     return num_accepted, emitted
