@@ -175,13 +175,22 @@ class SpeculativeDecoder:
         if tokenizer is None:
             raise SpecdecError("This decoder has no tokenizer; call generate_ids with token ids instead.")
         if not raw and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
-            if isinstance(ids, Mapping):
-                ids = ids["input_ids"]
+            ids = self.encode_chat([{"role": "user", "content": prompt}])
         else:
             ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
         return torch.tensor([list(ids)], dtype=torch.long, device=self.target.device)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """A conversation ([{"role": ..., "content": ...}], ending with the user's turn) -> the ids the model
+        continues with the assistant's reply, by the tokenizer's chat template."""
+        tokenizer = self.target.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise SpecdecError("This model's tokenizer has no chat template; send the text as a plain prompt "
+                               "(/v1/completions, or raw=True).")
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if isinstance(ids, Mapping):
+            ids = ids["input_ids"]
+        return list(ids)
 
     def generate(
         self,

@@ -35,12 +35,14 @@ from .cli_support import (
     check_top_p,
     debug_enabled,
     one_line,
+    parse_draft_budget,
     parse_options,
     print_traceback,
     set_debug,
     user_errors,
 )
 from .errors import SpecdecError
+from .serving.cli import serve
 from .training.cli import data, train
 
 #: exit codes (see the module docstring)
@@ -276,18 +278,6 @@ def _json_record(out: Any) -> dict[str, Any]:
             "stop_reason": out.stop_reason}
 
 
-def parse_draft_budget(text: str) -> int | None:
-    """--draft-budget: "auto" -> None (adaptive), a whole number >= 0 -> that number."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise SpecdecError(f"--draft-budget must be auto or a whole number of at least 0, got {text!r}.") from None
-    check_count("--draft-budget", value, minimum=0, off="0 is plain decoding")
-    return value
-
-
 def read_prompts(path: str) -> tuple[list[Any], list[str]]:
     """The ids and prompt texts of a --prompts JSONL file, every line checked before any model loads."""
     from .api import validate_generation_args
@@ -380,7 +370,7 @@ def _describe_field(field: Any) -> dict[str, Any]:
             "description": field.description or ""}
 
 
-for _command in (bench, check, data, train):
+for _command in (bench, check, data, train, serve):
     main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -123,3 +123,15 @@ def check_device(device: str | None) -> None:
         from .loading import resolve_device
 
         resolve_device(device)
+
+
+def parse_draft_budget(text: str) -> int | None:
+    """--draft-budget: "auto" -> None (adaptive), a whole number >= 0 -> that number."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise SpecdecError(f"--draft-budget must be auto or a whole number of at least 0, got {text!r}.") from None
+    check_count("--draft-budget", value, minimum=0, off="0 is plain decoding")
+    return value

@@ -103,6 +103,7 @@ class Engine:
         target's lock (one per model object) from its first prefill to its last step: the KV cache, the
         proposers' draft state and the model's tap hooks belong to the rows in progress.
         """
+        self.verifier_for(sampling)  # a verifier that cannot serve this decoding is named before the prompts
         rows = self._rows(prompts, max_new_tokens, sampling, seeds, stop_strings)
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
@@ -111,7 +112,6 @@ class Engine:
                                          or draft_budget < 0):
             raise SpecdecError(f"The draft budget must be a whole number of at least 0 (0 = plain decoding), got "
                                f"{draft_budget!r}.")
-        verifier = self.verifier_for(sampling)
         with self.target.lock.hold():
             self.draft_budget = draft_budget
             self.target.reset()  # may hand the model to transformers' forward (see TargetModel._recheck_backend)
@@ -121,7 +121,7 @@ class Engine:
                 raise SpecdecError(f"Batch size {batch_size} needs a cache that keeps rows of different lengths; "
                                    f"this target runs on the {self.target.cache_name!r} cache, which does not "
                                    "(the native cache does, for Llama, Qwen2 and Qwen3 targets): use batch size 1.")
-            return self._run(rows, verifier, min(batch_size, len(rows)), on_tokens)
+            return self._run(rows, min(batch_size, len(rows)), on_tokens)
 
     def _rows(self, prompts: Sequence[torch.Tensor], max_new_tokens: int, sampling: SamplingParams,
               seeds: Sequence[int | None] | None, stop_strings: list[str] | None) -> list[Row]:
@@ -145,36 +145,43 @@ class Engine:
                                    f"{context}; shorten it.")
             ids.append(prompt.to(device))
         stops = StopChecker(self.target.eos_token_ids, stop_strings or [], self.target.tokenizer)
-        rows = []
-        for i, (prompt, seed) in enumerate(zip(ids, seeds, strict=True)):
-            generator = torch.Generator(device=device)
-            generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-            rows.append(Row(i, prompt, min(max_new_tokens, context - prompt.numel()), sampling, generator, stops))
-        return rows
+        return [self.make_row(i, prompt, max_new_tokens, sampling, seed, stops)
+                for i, (prompt, seed) in enumerate(zip(ids, seeds, strict=True))]
+
+    def make_row(self, index: int, prompt: torch.Tensor, max_new_tokens: int, sampling: SamplingParams,
+                 seed: int | None, stops: StopChecker) -> Row:
+        """A row for a checked prompt (1-D ids on the target's device, shorter than the context window): its
+        own generator (seeded with `seed`, else at random), its verifier (`verifier_for`), at most the new
+        tokens the context window leaves."""
+        generator = torch.Generator(device=self.target.device)
+        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        budget = min(max_new_tokens, self.target.max_context - prompt.numel())
+        row = Row(index, prompt, budget, sampling, generator, stops)
+        row.verifier = self.verifier_for(sampling)
+        return row
 
     # -- the loop --------------------------------------------------------------------------------------------
-    def _run(self, rows: list[Row], verifier: Verifier, batch_size: int,
-             on_tokens: TokensCallback | None) -> list[EngineResult]:
+    def _run(self, rows: list[Row], batch_size: int, on_tokens: TokensCallback | None) -> list[EngineResult]:
         waiting, active = deque(rows), []
-        idle = self._proposers(batch_size)
+        idle = self.proposers(batch_size)
         while waiting or active:
             if waiting and len(active) < batch_size:
                 joining = [waiting.popleft() for _ in range(min(batch_size - len(active), len(waiting)))]
-                self.admit(joining, active, idle, verifier, on_tokens)
+                self.admit(joining, active, idle, on_tokens)
             else:
-                for row, tokens in zip(active, self.step(active, verifier), strict=True):
+                for row, tokens in zip(active, self.step(active), strict=True):
                     if on_tokens is not None and tokens:
                         on_tokens(row.index, tokens)
-            self._retire(active, idle, last=not waiting)
+            self.retire(active, idle, last=not waiting)
         return [row.result(self.target.max_context) for row in rows]
 
-    def _proposers(self, slots: int) -> list[Proposer]:
+    def proposers(self, slots: int) -> list[Proposer]:
         """One proposer per batch slot, the engine's own last (slots are taken with pop())."""
         while len(self._forks) < slots - 1:
             self._forks.append(self.proposer.fork())
         return [*self._forks[: slots - 1], self.proposer]
 
-    def admit(self, joining: list[Row], active: list[Row], idle: list[Proposer], verifier: Verifier,
+    def admit(self, joining: list[Row], active: list[Row], idle: list[Proposer],
               on_tokens: TokensCallback | None) -> None:
         """The target reads the joining prompts into new rows; each prompt's last logits give its first token
         (a step with an empty draft), and its proposer reads the prompt."""
@@ -188,7 +195,8 @@ class Engine:
             row.proposer = idle.pop()
             row.proposer.reset()
             logits = out.logits[j: j + 1]
-            verdict = verifier.verify(logits, Draft(tokens=row.buffer.new_empty(1, 0)), row.sampling, row.generator)
+            verdict = row.verifier.verify(logits, Draft(tokens=row.buffer.new_empty(1, 0)), row.sampling,
+                                          row.generator)
             tokens = row.commit(verdict.emitted[0, :1])
             row.stats.num_target_forwards += 1
             if not row.finished:
@@ -201,13 +209,14 @@ class Engine:
         for row in joining:
             row.stats.prefill_seconds = elapsed
 
-    def step(self, rows: list[Row], verifier: Verifier) -> list[list[int]]:
+    def step(self, rows: list[Row]) -> list[list[int]]:
         """One speculative step for every row: each row's proposer drafts; one target forward reads each row's
         [last committed token, draft], right-padded to the widest; each row is verified on its own logits
-        with its own generator; the cache keeps what each row accepted. Returns each row's committed tokens."""
+        with its own generator (rows of one verifier and sampling in one `verify_rows` call); the cache keeps
+        what each row accepted. Returns each row's committed tokens."""
         cuts = self._budget_for(rows)  # may probe the forward's cost first
         start = time.perf_counter()
-        drafts = self._propose(rows, verifier, cuts)
+        drafts = self._propose(rows, cuts)
         drafted = time.perf_counter()
         width = 1 + max(draft.num_tokens for draft in drafts)
         feed = torch.zeros(len(rows), width, dtype=torch.long, device=self.target.device)  # [B, 1 + k_max]
@@ -221,11 +230,7 @@ class Engine:
         forward_start = time.perf_counter()
         out = self.target.forward(feed, tree_parents=parents)  # logits [B, 1 + k_max, V]
         forward_seconds = time.perf_counter() - forward_start
-        verdicts = verifier.verify_rows(out.logits, drafts, rows[0].sampling, [row.generator for row in rows])
-        if not isinstance(verdicts, list) or len(verdicts) != len(rows):
-            raise PluginError(f"Verifier {type(verifier).name!r} ({type(verifier).__module__}) returned "
-                              f"{len(verdicts) if isinstance(verdicts, list) else type(verdicts).__name__} verdicts "
-                              f"from verify_rows for {len(rows)} rows; expected a list of one per row.")
+        verdicts = verify_groups(rows, out.logits, drafts)
         accepted = torch.cat([v.num_accepted.reshape(1) for v in verdicts]).tolist()  # one host read per step
         lengths = [row.length for row in rows]  # committed before this step; the cache held one fewer
         if parents is None:
@@ -260,7 +265,7 @@ class Engine:
             self.budget.probe(self.target, len(rows), last, self.target.cache_lengths)
         return self.budget.choose(len(rows), max(row.draft_budget for row in rows))
 
-    def _propose(self, rows: list[Row], verifier: Verifier, cuts: list[int | None]) -> list[Draft]:
+    def _propose(self, rows: list[Row], cuts: list[int | None]) -> list[Draft]:
         """Each row's draft, cut to its first `cuts[b]` tokens (0: its proposer is not asked). Several rows
         draft in one `propose_batch` call, so a proposer may share one forward among them."""
         drafts = [Draft(tokens=row.buffer.new_empty(1, 0)) for row in rows]
@@ -280,13 +285,13 @@ class Engine:
                               f"propose_batch for {len(asked)} rows; expected a list of one draft per row.")
         share = (time.perf_counter() - start) / len(asked)
         for b, state, draft in zip(asked, states, made, strict=True):
-            check_draft(rows[b].proposer, self.target, draft, state, verifier)  # type: ignore[arg-type]
+            check_draft(rows[b].proposer, self.target, draft, state, rows[b].verifier)  # type: ignore[arg-type]
             rows[b].stats.propose_seconds += share
             draft = on_device(draft, rows[b].buffer.device)
             drafts[b] = draft if cuts[b] is None else trim(draft, cuts[b])  # type: ignore[arg-type]
         return drafts
 
-    def _retire(self, active: list[Row], idle: list[Proposer], last: bool) -> None:
+    def retire(self, active: list[Row], idle: list[Proposer], last: bool) -> None:
         """Finished rows leave the batch (and the cache); their proposers wait for the next prompt. When the
         last rows finish the cache is left as the last step made it (the next generation resets it)."""
         done = [b for b, row in enumerate(active) if row.finished]
@@ -301,6 +306,27 @@ class Engine:
             assert row.proposer is not None
             idle.append(row.proposer)
             row.proposer = None
+
+
+def verify_groups(rows: list[Row], logits: torch.Tensor, drafts: list[Draft]) -> list[Verdict]:
+    """Each row's verdict from its own verifier: rows that share a verifier and sampling parameters in one
+    `verify_rows` call (all rows, without a copy, in the common case of one kind of decoding)."""
+    groups: dict[tuple[int, SamplingParams], list[int]] = {}
+    for b, row in enumerate(rows):
+        groups.setdefault((id(row.verifier), row.sampling), []).append(b)
+    verdicts: list[Verdict | None] = [None] * len(rows)
+    for members in groups.values():
+        verifier = rows[members[0]].verifier
+        part = logits if len(members) == len(rows) else logits[members]
+        got = verifier.verify_rows(part, [drafts[b] for b in members], rows[members[0]].sampling,
+                                   [rows[b].generator for b in members])
+        if not isinstance(got, list) or len(got) != len(members):
+            raise PluginError(f"Verifier {type(verifier).name!r} ({type(verifier).__module__}) returned "
+                              f"{len(got) if isinstance(got, list) else type(got).__name__} verdicts from "
+                              f"verify_rows for {len(members)} rows; expected a list of one per row.")
+        for b, verdict in zip(members, got, strict=True):
+            verdicts[b] = verdict
+    return verdicts  # type: ignore[return-value]
 
 
 def padded_parents(draft: Draft, size: int) -> list[int]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .contracts import DecodeState, Proposer
+from .contracts import DecodeState, Proposer, Verifier
 from .errors import SpecdecError
 from .sampling import SamplingParams
 
@@ -118,6 +118,7 @@ class Row:
         self.stop_reason = "max_new_tokens"
         self.stopped = False
         self.proposer: Proposer | None = None  # while the row is in the batch
+        self.verifier: Verifier | None = None  # set by Engine.make_row for the row's kind of decoding
         self.joined_at = 0.0
 
     @property
