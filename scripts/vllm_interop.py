@@ -145,6 +145,8 @@ def serve(args: argparse.Namespace) -> None:
                           "num_speculative_tokens": ref["num_speculative_tokens"]["dflash"]},
                "eagle3": {"method": "eagle3", "model": str(Path(args.eagle3).resolve()),
                           "num_speculative_tokens": ref["num_speculative_tokens"]["eagle3"]}}
+    if args.engine == "specdec":
+        configs["dflash-default"] = {"method": "dflash", "model": "shipped", "num_speculative_tokens": None}
     only = args.only.split(",") if args.only else list(configs)
     out_path = Path(args.out)
     results = json.loads(out_path.read_text()) if out_path.is_file() and args.only else {}
@@ -153,21 +155,36 @@ def serve(args: argparse.Namespace) -> None:
         out_path.write_text(json.dumps(results, indent=1))
 
 
+def specdec_command(args: argparse.Namespace, name: str, port: int) -> list[str]:
+    """`specdec serve` with the proposer and draft that specdec's reference ran (float32, the embedded target:
+    the exported target holds its weights), or specdec's defaults for dflash-default."""
+    options = {"plain": ["--proposer", "autoregressive"],
+               "dflash": ["--proposer", "dflash", "--draft", args.dflash, "--opt", "tree_size=0", "--opt", "lookup=0"],
+               "eagle3": ["--proposer", "eagle3", "--draft", args.eagle3, "--opt", "tree_size=0", "--opt",
+                          f"num_tokens={EAGLE3_TOKENS}"],
+               "dflash-default": ["--proposer", "dflash"]}[name]
+    return [sys.executable, "-m", "specdec", "serve", "--host", "127.0.0.1", "--port", str(port), "--dtype",
+            args.dtype, "--served-model-name", SERVED_NAME, "--batch-size", str(max(16, args.concurrency)), *options]
+
+
 def serve_one(args: argparse.Namespace, ref: dict, name: str, spec: dict | None) -> dict:
     import openai
 
     port = args.port
-    command = [sys.executable, "-c", VLLM_CLI, "serve", str(Path(args.target).resolve()), "--host", "127.0.0.1",
-               "--port", str(port),
-               "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--seed", "0",
-               "--served-model-name", SERVED_NAME, "--max-num-seqs", str(max(16, args.concurrency))]
-    if spec is not None:
-        command += ["--speculative-config", json.dumps(spec)]
+    if args.engine == "specdec":
+        command = specdec_command(args, name, port)
+    else:
+        command = [sys.executable, "-c", VLLM_CLI, "serve", str(Path(args.target).resolve()), "--host",
+                   "127.0.0.1", "--port", str(port),
+                   "--dtype", args.dtype, "--max-model-len", "2048", "--enforce-eager", "--seed", "0",
+                   "--served-model-name", SERVED_NAME, "--max-num-seqs", str(max(16, args.concurrency))]
+        if spec is not None:
+            command += ["--speculative-config", json.dumps(spec)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    log_path = Path(args.logs) / f"vllm-{name}.log"
+    log_path = Path(args.logs) / f"{args.engine}-{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     print(f"[{name}] {' '.join(command)}", flush=True)
-    result: dict = {"command": command, "speculative_config": spec, "log": str(log_path)}
+    result: dict = {"command": command, "speculative_config": spec, "log": str(log_path), "engine": args.engine}
     with open(log_path, "w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -190,7 +207,8 @@ def serve_one(args: argparse.Namespace, ref: dict, name: str, spec: dict | None)
             result["token_ids"] = rows
             result["c1"] = {"tokens": sum(len(r) for r in rows), "seconds": seconds,
                             "others_cpu": others_cpu(before, cpu_snapshot(server.pid)), "load": os.getloadavg()}
-            result["metrics"] = spec_metrics(f"http://127.0.0.1:{port}/metrics")
+            metrics_of = specdec_spec_metrics if args.engine == "specdec" else spec_metrics
+            result["metrics"] = metrics_of(f"http://127.0.0.1:{port}/metrics")
             if args.concurrency > 1:
                 result[f"c{args.concurrency}"] = concurrent(client, ref, args.concurrency, rows, server.pid)
         finally:
@@ -203,7 +221,7 @@ def wait_ready(server: subprocess.Popen, url: str, timeout: float) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if server.poll() is not None:
-            raise SystemExit(f"vllm serve exited with code {server.returncode} before it was ready; see its log.")
+            raise SystemExit(f"the server exited with code {server.returncode} before it was ready; see its log.")
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
@@ -211,7 +229,7 @@ def wait_ready(server: subprocess.Popen, url: str, timeout: float) -> None:
         except OSError:
             pass
         time.sleep(2)
-    raise SystemExit(f"vllm serve was not ready after {timeout:.0f} s; see its log.")
+    raise SystemExit(f"the server was not ready after {timeout:.0f} s; see its log.")
 
 
 def stop(server: subprocess.Popen) -> None:
@@ -271,6 +289,27 @@ def spec_metrics(url: str) -> dict:
     return metrics
 
 
+def specdec_spec_metrics(url: str) -> dict:
+    """`specdec serve`'s counters in vLLM's terms: a step is a draft; accepted tokens are the committed ones less
+    the target's own token per step."""
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    values: dict = {}
+    per_position: dict = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        key, value = line.rsplit(" ", 1)
+        if key.startswith("specdec_spec_accepted_tokens_total{"):
+            per_position[int(key.split('position="')[1].split('"')[0])] = float(value)
+        else:
+            values[key] = float(value)
+    steps = values.get("specdec_spec_steps_total", 0.0)
+    accepted = values.get("specdec_spec_committed_tokens_total", 0.0) - steps
+    return {"num_drafts": steps, "num_draft_tokens": None, "num_accepted_tokens": accepted,
+            "per_position": [per_position[k] for k in sorted(per_position)]}
+
+
 # -- 3. report (specdec) --------------------------------------------------------------------------------------------
 
 def report(args: argparse.Namespace) -> None:
@@ -280,7 +319,10 @@ def report(args: argparse.Namespace) -> None:
     from specdec.loading import load_model
 
     ref = json.loads(Path(args.reference).read_text())
-    served = json.loads(Path(args.vllm).read_text())
+    served = {f"vLLM {name}": run for name, run in json.loads(Path(args.vllm).read_text()).items()}
+    if args.specdec:
+        mine = json.loads(Path(args.specdec).read_text())
+        served.update({f"specdec serve {name}": run for name, run in mine.items()})
     model, _ = load_model(ref["target"], torch.float32, torch.device("cpu"))
     judge = NearTieJudge(model)
     plain = ref["specdec"]["plain"]["token_ids"]
@@ -307,18 +349,19 @@ def report(args: argparse.Namespace) -> None:
                        "near_ties": sum(a["status"] == "near_tie" for a in agreement),
                        "mismatches": sum(a["status"] == "mismatch" for a in agreement)}
         m = run.get("metrics") or {}
-        if name != "plain" and m.get("num_drafts"):
-            mine = ref["specdec"][name]
-            vllm_mal = 1 + m["num_accepted_tokens"] / m["num_drafts"]
+        config = name.split()[-1]
+        if config in ref["specdec"] and config != "plain" and m.get("num_drafts"):
+            mine = ref["specdec"][config]
+            served_mal = 1 + m["num_accepted_tokens"] / m["num_drafts"]
             entry["acceptance"] = {
                 "num_speculative_tokens": run["speculative_config"]["num_speculative_tokens"],
-                "vllm_mean_acceptance_length": vllm_mal,
-                "vllm_per_position": [a / m["num_drafts"] for a in m["per_position"]],
-                "vllm_drafts": m["num_drafts"],
+                "server_mean_acceptance_length": served_mal,
+                "server_per_position": [a / m["num_drafts"] for a in m["per_position"]],
+                "server_drafts": m["num_drafts"],
                 "specdec_mean_acceptance_length": mine["mean_acceptance_length"],
                 "specdec_per_position": mine["acceptance_per_position"],
                 "specdec_steps": mine["steps"],
-                "relative_difference": vllm_mal / mine["mean_acceptance_length"] - 1,
+                "relative_difference": served_mal / mine["mean_acceptance_length"] - 1,
             }
             entry["acceptance"]["within_10_percent"] = abs(entry["acceptance"]["relative_difference"]) <= 0.10
         entry["throughput"] = {}
@@ -344,8 +387,9 @@ def report(args: argparse.Namespace) -> None:
 def markdown(results: dict, max_others: float) -> str:
     lines = [f"{len(results['prompts'])} prompts ({', '.join(results['prompts'])}), greedy, max_tokens "
              f"{results['max_tokens']}, {results['dtype']} in both engines.", "",
-             "| vLLM 0.32 (CPU) | k | agreement with specdec's plain greedy | vLLM mean acceptance length | "
-             "specdec chain, same k | difference | vLLM per-position acceptance | specdec per-position acceptance |",
+             "| server (CPU) | k | agreement with specdec's plain greedy | server's mean acceptance length | "
+             "specdec chain, same k | difference | server's per-position acceptance | specdec per-position acceptance "
+             "|",
              "|---|---|---|---|---|---|---|---|"]
     for name, e in results["engines"].items():
         agree = f"{e['exact']} exact, {e['near_ties']} near-tie, {e['mismatches']} mismatch"
@@ -353,11 +397,11 @@ def markdown(results: dict, max_others: float) -> str:
         if a is None:
             lines.append(f"| {name} | - | {agree} | - | - | - | - | - |")
             continue
-        lines.append(f"| {name} | {a['num_speculative_tokens']} | {agree} | {a['vllm_mean_acceptance_length']:.3f} | "
+        lines.append(f"| {name} | {a['num_speculative_tokens']} | {agree} | {a['server_mean_acceptance_length']:.3f} | "
                      f"{a['specdec_mean_acceptance_length']:.3f} | {100 * a['relative_difference']:+.1f}% | "
-                     f"{', '.join(f'{x:.2f}' for x in a['vllm_per_position'])} | "
+                     f"{', '.join(f'{x:.2f}' for x in a['server_per_position'])} | "
                      f"{', '.join(f'{x:.2f}' for x in a['specdec_per_position'])} |")
-    rows = [(f"vLLM {name}", key[1:], t) for name, e in results["engines"].items()
+    rows = [(name, key[1:], t) for name, e in results["engines"].items()
             for key, t in e["throughput"].items()]
     rows += [(f"specdec {name} ({t['threads']} threads, `generate`)", "1", t) for name, t in results["specdec"].items()]
     if rows:
@@ -388,7 +432,13 @@ def main() -> None:
     s.add_argument("--eagle3", required=True)
     s.add_argument("--port", type=int, default=8765)
     s.add_argument("--concurrency", type=int, default=16)
-    s.add_argument("--only", default="", help="comma-separated subset of plain,dflash,eagle3 (merged into --out)")
+    s.add_argument("--only", default="", help="comma-separated subset of plain,dflash,eagle3 "
+                   "(and dflash-default with --engine specdec), merged into --out")
+    s.add_argument("--dtype", default="float32", help="the served model's dtype (the reference is float32: other "
+                   "dtypes' divergences are judged as near-ties)")
+    s.add_argument("--engine", choices=["vllm", "specdec"], default="vllm",
+                   help="the server to start: vllm serve (run with vLLM's python) or specdec serve (specdec's), "
+                        "the latter also with specdec's default dflash (trees, lookup) as dflash-default")
     s.add_argument("--startup-timeout", type=float, default=900)
     s.add_argument("--request-timeout", type=float, default=900)
     s.add_argument("--logs", default=".")
@@ -396,6 +446,7 @@ def main() -> None:
     p = sub.add_parser("report", help="agreement and acceptance (run with specdec's python)")
     p.add_argument("--reference", required=True)
     p.add_argument("--vllm", required=True)
+    p.add_argument("--specdec", default=None, help="the serve step's output with --engine specdec")
     p.add_argument("--max-others", type=float, default=0.5,
                    help="report throughput only where other processes used fewer cores than this during the run")
     p.add_argument("--out", required=True)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # vLLM serves what specdec trains (issue 23): build a separate vLLM 0.32 (CPU) environment, export the embedded
 # target and both shipped drafts in vLLM's layouts, and check with the real openai client that `vllm serve` answers,
-# gives specdec's plain greedy output, and accepts what specdec's chain accepts (scripts/vllm_interop.py).
+# gives specdec's plain greedy output, and accepts what specdec's chain accepts (scripts/vllm_interop.py); then the
+# same client steps against `specdec serve` (the same proposers, and specdec's default dflash) for a side-by-side.
 #
 #   bash scripts/vllm_interop.sh [VENV] [OUT]
 #
@@ -10,7 +11,7 @@
 # torch, and vLLM serves text without them). vLLM pins its own torch and transformers: never install it into
 # specdec's environment. VLLM_PYTHON (instead of VENV) names an existing environment's python.
 # OUT (default /work/data/vllm-interop): the exports (the target is ~540 MB of float32 weights), the servers' logs,
-# reference.json (specdec's side), vllm.json (vLLM's), results.json and results.md.
+# reference.json (specdec's side), vllm.json (vLLM's), specdec.json (specdec serve's), results.json and results.md.
 # Settings: PROMPTS (first N of GSM8K and of MT-Bench, default 4), MAX_TOKENS (128), CONCURRENCY (16),
 # PORT (8765), VLLM_CPU_KVCACHE_SPACE (GiB of KV cache for vLLM, 1; vLLM's default takes most of the memory),
 # SPECDEC_PYTHON (python of specdec's environment, default `python`), MAX_OTHERS (throughput is reported only where
@@ -50,5 +51,8 @@ $SPECDEC export --draft src/specdec_eagle/drafts/smollm2-135m-instruct --format 
 "$VLLM_PYTHON" scripts/vllm_interop.py serve --reference "$OUT/reference.json" --target "$OUT/target" \
     --dflash "$OUT/dflash" --eagle3 "$OUT/eagle3" --port "$PORT" --concurrency "$CONCURRENCY" --logs "$OUT" \
     --out "$OUT/vllm.json"
+"$SPECDEC_PYTHON" scripts/vllm_interop.py serve --engine specdec --reference "$OUT/reference.json" \
+    --target "$OUT/target" --dflash "$OUT/dflash" --eagle3 "$OUT/eagle3" --port "$PORT" \
+    --concurrency "$CONCURRENCY" --logs "$OUT" --out "$OUT/specdec.json"
 "$SPECDEC_PYTHON" scripts/vllm_interop.py report --reference "$OUT/reference.json" --vllm "$OUT/vllm.json" \
-    --max-others "$MAX_OTHERS" --out "$OUT/results.json" --table "$OUT/results.md"
+    --specdec "$OUT/specdec.json" --max-others "$MAX_OTHERS" --out "$OUT/results.json" --table "$OUT/results.md"

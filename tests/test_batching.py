@@ -242,3 +242,31 @@ def test_greedy_verify_rows_is_verify_row_by_row(counts, seed, agree):
         alone = verifier.verify(logits[b: b + 1, : draft.num_tokens + 1], draft, SamplingParams(), None)
         assert torch.equal(rows[b].num_accepted, alone.num_accepted)
         assert torch.equal(rows[b].emitted, alone.emitted)
+
+
+@settings(max_examples=30, deadline=None)
+@given(counts=st.lists(st.integers(0, 5), min_size=2, max_size=6), seed=st.integers(0, 2**31),
+       with_probs=st.booleans(), top_p=st.sampled_from([1.0, 0.9]))
+def test_rejection_verify_rows_is_verify_row_by_row(counts, seed, with_probs, top_p):
+    """The rejection verifier's batched path (one ragged call, each row drawing from its own generator) gives
+    each row bit for bit what `verify` gives it alone with a generator in the same state."""
+    from specdec.verifiers import RejectionSamplingVerifier
+
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 30
+    logits = torch.randn(len(counts), 1 + max(counts), vocab, generator=gen, dtype=torch.float64)
+    drafts = []
+    for k in counts:
+        probs = torch.softmax(torch.randn(1, k, vocab, generator=gen, dtype=torch.float64), -1) if with_probs else None
+        tokens = torch.randint(0, vocab, (1, k), generator=gen) if probs is None else \
+            torch.multinomial(probs[0], 1, generator=gen).T if k else torch.zeros(1, 0, dtype=torch.long)
+        drafts.append(Draft(tokens=tokens.reshape(1, k), probs=probs))
+    sampling = SamplingParams(temperature=0.8, top_p=top_p)
+    verifier = RejectionSamplingVerifier()
+    rows = verifier.verify_rows(logits, drafts, sampling, [torch.Generator().manual_seed(seed + b)
+                                                           for b in range(len(counts))])
+    for b, draft in enumerate(drafts):
+        alone = verifier.verify(logits[b: b + 1, : draft.num_tokens + 1], draft, sampling,
+                                torch.Generator().manual_seed(seed + b))
+        assert torch.equal(rows[b].num_accepted, alone.num_accepted)
+        assert torch.equal(rows[b].emitted, alone.emitted)

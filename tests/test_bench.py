@@ -130,18 +130,20 @@ def test_bench_end_to_end(folders, tmp_path):
 def test_bench_by_batch_size(folders, tmp_path):
     out = tmp_path / "batched"
     args = ["bench", "--dataset", "tiny", "--data-dir", folders["data"], "--model", folders["target"],
-            "--proposers", "ngram,draft", "--draft", folders["draft"], "--batch-size", "1,2,3",
+            "--proposers", "ngram,draft", "--draft", folders["draft"], "--batch-size", "1,2,3", "--rounds", "2",
             "--max-new-tokens", "8", "--dtype", "float32", "--out", str(out), "--no-progress"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output + result.stderr
     results = json.loads((out / "results.json").read_text())
     assert results["meta"]["batch_sizes"] == [1, 2, 3] and results["meta"]["dataset"]["num_prompts"] == 3
+    assert results["meta"]["rounds"] == 2
     assert list(results["batched"]) == ["1", "2", "3"]
     tokens = set()
     for batch, runners in results["batched"].items():
         assert list(runners) == ["autoregressive", "ngram", "draft", "hf-greedy"]
         for name, r in runners.items():
             assert r["tokens_per_second"] > 0 and r["speedup_vs_hf_greedy"] > 0, (batch, name)
+            assert len(r["tokens_per_second_rounds"]) == 2  # the median of two passes
             if name != "hf-greedy":
                 assert r["exact_match_rate"] == 1.0, (batch, name)  # float32: every row as alone
                 tokens.add(r["num_tokens"])
@@ -207,6 +209,8 @@ def test_bench_bad_input(folders, tmp_path, no_loading):
         (["-d", "tiny", "-p", "ngram", "--cache", "ngram"], ["RUNNER=CACHE"]),
         (["-d", "tiny", "--batch-size", "0,4"], ["'0' is not a whole number from 1 to"]),
         (["-d", "tiny", "--batch-size", "4", "--baselines", "hf-pld"], ["no batched form", "hf-greedy"]),
+        (["-d", "tiny", "--rounds", "3"], ["--rounds", "--batch-size"]),
+        (["-d", "tiny", "--batch-size", "4", "--rounds", "0"], ["--rounds"]),
     ]
     for args, needles in cases:
         result = CliRunner().invoke(main, base + args)

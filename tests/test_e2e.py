@@ -113,3 +113,49 @@ def test_cli_runs_a_prompts_file_as_a_batch(tmp_path, float32_target):
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["id"] for line in lines] == ["p0", "p1", "p2"] and [line["index"] for line in lines] == [0, 1, 2]
     assert [line["token_ids"] for line in lines] == [hf_greedy(float32_target, p, 24) for p in PROMPTS]
+
+
+def test_specdec_serve_answers_concurrent_chats_as_each_alone(float32_target):
+    """The command as a user starts it (dflash, the shipped draft), two chats at once through the openai client:
+    each reply is transformers' greedy output for that prompt alone; /metrics counted both."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--port", str(port), "--dtype", "float32"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 180
+        while True:
+            assert server.poll() is None, server.stderr.read().decode()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                assert time.time() < deadline, "the server did not come up"
+                time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+
+        def chat(prompt: str) -> str:
+            return client.chat.completions.create(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=40,
+                                                  messages=[{"role": "user", "content": prompt}]
+                                                  ).choices[0].message.content
+
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(chat, PROMPTS[1:]))
+        tokenizer = float32_target.target.tokenizer
+        for prompt, reply in zip(PROMPTS[1:], replies, strict=True):
+            assert reply == tokenizer.decode(hf_greedy(float32_target, prompt, 40), skip_special_tokens=True)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'specdec_requests_total{endpoint="/v1/chat/completions",status="200"} 2' in metrics
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -366,9 +366,11 @@ def test_vllm_serves_the_exports_with_specdecs_greedy_output_and_acceptance(tmp_
     subprocess.run(["bash", str(ROOT / "scripts" / "vllm_interop.sh"), "", str(tmp_path)], check=True, env=env,
                    timeout=3600)
     results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results["engines"]) == {"plain", "dflash", "eagle3"}
+    assert set(results["engines"]) == {f"{engine} {name}" for engine in ("vLLM", "specdec serve")
+                                       for name in ("plain", "dflash", "eagle3", "dflash-default")} - \
+        {"vLLM dflash-default"}
     for name, engine in results["engines"].items():
         assert engine["models"] == ["specdec-target"] and engine["chat_answer"], name
         assert engine["mismatches"] == 0, (name, engine["agreement"])
-        if name != "plain":
+        if name.split()[-1] in ("dflash", "eagle3"):
             assert engine["acceptance"]["within_10_percent"], (name, engine["acceptance"])

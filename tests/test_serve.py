@@ -151,6 +151,21 @@ def test_streaming_chat_and_completions_give_the_same_text(server, alone):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
 
 
+def test_token_id_prompts_and_returned_token_ids(server, alone):
+    ids = alone.target.tokenizer(PROMPTS[4], add_special_tokens=True)["input_ids"]
+    want = alone.generate_ids([ids], max_new_tokens=15)[0]
+    for prompt in (ids, [ids]):
+        code, reply = server.post("/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 15,
+                                                      "temperature": 0, "return_token_ids": True})
+        assert code == 200 and reply["choices"][0]["token_ids"] == want.token_ids
+        assert reply["choices"][0]["text"] == want.text
+    code, reply = server.post("/v1/completions", {"model": MODEL, "prompt": [5, 128], "max_tokens": 2})
+    assert code == 400 and "[0, 128)" in reply["error"]["message"]
+    code, reply = server.post("/v1/completions", {"model": MODEL, "prompt": [5], "stream": True,
+                                                  "return_token_ids": True})
+    assert code == 400 and reply["error"]["param"] == "return_token_ids"
+
+
 def test_stop_strings_are_left_out_of_the_text_as_openai_does(server, alone):
     full = alone.generate(PROMPTS[2], max_new_tokens=30, raw=True)
     words = full.text.split()
@@ -319,3 +334,25 @@ def test_cli_refuses_bad_options_before_loading(tmp_path):
         result = runner.invoke(main, ["serve", *args])
         assert result.exit_code == 2 and words in result.output, result.output
         assert "Traceback" not in result.output
+
+
+def test_a_full_queue_answers_503_and_the_rest_finish():
+    server = Server(decoder_for(SlowProposer), batch_size=1, max_waiting=1)
+    try:
+        body = {"model": MODEL, "prompt": "w5 w9", "max_tokens": 12, "temperature": 0}
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(server.post, "/v1/completions", body)  # runs (one batch slot)
+            deadline = time.time() + 10
+            while "specdec_running_requests 1" not in server.get("/metrics")[1]:
+                assert time.time() < deadline
+                time.sleep(0.01)
+            second = pool.submit(server.post, "/v1/completions", body)  # waits (the one place in the queue)
+            while "specdec_queue_depth 1" not in server.get("/metrics")[1]:
+                assert time.time() < deadline
+                time.sleep(0.01)
+            code, reply = server.post("/v1/completions", body)
+            assert code == 503 and reply["error"]["code"] == "queue_full"
+            assert first.result()[0] == 200 and second.result()[0] == 200
+            assert first.result()[1]["choices"][0]["text"] == second.result()[1]["choices"][0]["text"]
+    finally:
+        server.close()

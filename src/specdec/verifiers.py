@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec_kernels import greedy_verify, greedy_verify_ragged, rejection_sample
+from specdec_kernels import greedy_verify, greedy_verify_ragged, rejection_sample, rejection_sample_ragged
 
 from . import tree
 from .contracts import Draft, Verdict, Verifier
@@ -33,17 +33,9 @@ class GreedyVerifier(Verifier):
         if len(drafts) == 1 or any(draft.parents is not None for draft in drafts):
             return super().verify_rows(target_logits, drafts, sampling, generators)
         # every row a chain: one ragged verification (vLLM's flat layout) instead of a call per row
-        counts = [draft.num_tokens for draft in drafts]
-        device = target_logits.device
-        flat = target_logits.reshape(-1, target_logits.shape[-1])  # [B * (1 + max k), V]
-        if any(k + 1 != target_logits.shape[1] for k in counts):  # padded rows: keep each row's k_b + 1
-            positions = [b * target_logits.shape[1] + j for b, k in enumerate(counts) for j in range(k + 1)]
-            flat = flat.index_select(0, torch.tensor(positions, device=device))  # [M + B, V]
-        tokens = torch.cat([draft.tokens[0].to(device) for draft in drafts])  # [M]
-        cu = torch.tensor([0, *itertools.accumulate(counts)], device=device)
+        flat, tokens, cu, counts = ragged_chains(target_logits, drafts)
         num_accepted, emitted = greedy_verify_ragged(flat, tokens, cu, max_num_draft_tokens=max(counts))
-        return [Verdict(num_accepted=num_accepted[b: b + 1], emitted=emitted[b: b + 1, : k + 1])
-                for b, k in enumerate(counts)]
+        return split_rows(num_accepted, emitted, counts)
 
 
 class RejectionSamplingVerifier(Verifier):
@@ -63,6 +55,43 @@ class RejectionSamplingVerifier(Verifier):
             return Verdict(*tree.verify_tree(choose, draft.tokens, draft.parents))
         num_accepted, emitted = rejection_sample(probs, draft.tokens, draft.probs, generator)
         return Verdict(num_accepted=num_accepted, emitted=emitted)
+
+    def verify_rows(self, target_logits: torch.Tensor, drafts: Sequence[Draft], sampling: SamplingParams,
+                    generators: Sequence[torch.Generator | None]) -> list[Verdict]:
+        with_probs = [draft.probs is not None for draft in drafts]
+        if (len(drafts) == 1 or any(draft.parents is not None for draft in drafts) or any(g is None for g in generators)
+                or (any(with_probs) and not all(with_probs))):
+            return super().verify_rows(target_logits, drafts, sampling, generators)
+        # every row a chain: one ragged rejection-sampling call; each row draws from its own generator exactly
+        # what `verify` draws for it alone (reference.draw_randoms_ragged), so the rows are bit-identical to it
+        flat, tokens, cu, counts = ragged_chains(target_logits, drafts)
+        probs = logits_to_probs(flat, sampling)  # [M + B, V]
+        draft_probs = None
+        if all(with_probs) and sum(counts):
+            draft_probs = torch.cat([d.probs[0].to(flat.device) for d in drafts])  # type: ignore[index]  # [M, V]
+        num_accepted, emitted = rejection_sample_ragged(probs, tokens, cu, draft_probs, list(generators),
+                                                        max_num_draft_tokens=max(counts))
+        return split_rows(num_accepted, emitted, counts)
+
+
+def ragged_chains(target_logits: torch.Tensor, drafts: Sequence[Draft]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Chain drafts of B rows in vLLM's ragged layout: the logits at each row's own k_b + 1 positions
+    [M + B, V], the draft tokens [M], the offsets cu [B + 1], and the k_b."""
+    counts = [draft.num_tokens for draft in drafts]
+    device = target_logits.device
+    flat = target_logits.reshape(-1, target_logits.shape[-1])  # [B * (1 + max k), V]
+    if any(k + 1 != target_logits.shape[1] for k in counts):  # padded rows: keep each row's k_b + 1
+        positions = [b * target_logits.shape[1] + j for b, k in enumerate(counts) for j in range(k + 1)]
+        flat = flat.index_select(0, torch.tensor(positions, device=device))  # [M + B, V]
+    tokens = torch.cat([draft.tokens[0].to(device) for draft in drafts])  # [M]
+    cu = torch.tensor([0, *itertools.accumulate(counts)], device=device)
+    return flat, tokens, cu, counts
+
+
+def split_rows(num_accepted: torch.Tensor, emitted: torch.Tensor, counts: list[int]) -> list[Verdict]:
+    return [Verdict(num_accepted=num_accepted[b: b + 1], emitted=emitted[b: b + 1, : k + 1])
+            for b, k in enumerate(counts)]
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

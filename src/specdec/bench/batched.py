@@ -5,11 +5,13 @@ and waiting prompts join); transformers' batched `generate` (hf-greedy) decodes 
 left-padded, each batch running until its last row finishes, as a user of `generate` would. Each prompt is its
 first user turn (a second MT-Bench turn needs the first turn's reply, which batching decodes alongside). For each
 batch size the runners take turns in a rotating order after a warm-up each; throughput is generated tokens over
-the wall-clock time of the whole pass, on one loaded model.
+the wall-clock time of the whole pass, on one loaded model. With --rounds R each runner makes R passes (the
+order rotated each round) and its tokens/s is the median pass.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -111,18 +113,23 @@ def run_batched(plan: BenchPlan, model: Any, tokenizer: Any, runners: list[Any],
             if progress is not None:
                 progress(f"batch {batch}: warm-up {name}")
             one(name, warm, WARMUP_TOKENS, batch)
-        order = names[b_index % len(names):] + names[: b_index % len(names)]
+        passes: dict[str, list[float]] = {name: [] for name in names}
         measured: dict[str, Any] = {}
         outputs: dict[str, list[list[int]]] = {}
-        for name in order:
-            if progress is not None:
-                progress(f"batch {batch}: {name}")
-            tokens, seconds, steps = one(name, ids, plan.max_new_tokens, batch)
-            outputs[name] = tokens
-            total = sum(len(t) for t in tokens)
-            measured[name] = {"num_tokens": total, "wall_seconds": seconds, "tokens_per_second": total / seconds,
-                              "mean_acceptance_length": (sum(steps) / len(steps)) if steps else None,
-                              "peak_rss_mb": _rss() / 2**20}
+        for r in range(plan.rounds):  # each round a rotated order, so no runner always goes first
+            shift = (b_index + r) % len(names)
+            for name in names[shift:] + names[:shift]:
+                if progress is not None:
+                    progress(f"batch {batch}: {name}" + (f" (round {r + 1}/{plan.rounds})" if plan.rounds > 1 else ""))
+                tokens, seconds, steps = one(name, ids, plan.max_new_tokens, batch)
+                outputs[name] = tokens  # the last round's (exact match below compares those)
+                total = sum(len(t) for t in tokens)
+                passes[name].append(total / seconds)
+                measured[name] = {"num_tokens": total, "wall_seconds": seconds,
+                                  "tokens_per_second": statistics.median(passes[name]),
+                                  "tokens_per_second_rounds": list(passes[name]),
+                                  "mean_acceptance_length": (sum(steps) / len(steps)) if steps else None,
+                                  "peak_rss_mb": _rss() / 2**20}
         for name, row in measured.items():
             reference = measured.get(REFERENCE)
             row["speedup_vs_autoregressive"] = (row["tokens_per_second"] / reference["tokens_per_second"]

@@ -60,13 +60,15 @@ def _quiet_transformers() -> None:
 @click.option("--batch-size", "batch_sizes", default=None, metavar="B[,B...]", help="Compare the runners at "
               "these batch sizes instead (each prompt's first turn; transformers' batched generate, left-padded, as "
               "the hf-greedy baseline): throughput and speedup by batch size, table and plots.")
+@click.option("--rounds", default=1, show_default=True, type=int, help="With --batch-size: passes of every "
+              "runner at each batch size, in rotating order; tokens/s is the median pass, ratios are of medians.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @user_errors
 def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None, max_new_tokens: int,
           temperature: float, seed: int, dtype: str, device: str | None, model: str | None, draft: str | None,
           draft_model: str | None, opts: tuple[str, ...], caches: tuple[str, ...], data_dir: str | None,
           out: str | None, overwrite: bool, verifier: str | None, epsilon: float, batch_sizes: str | None,
-          no_progress: bool) -> None:
+          rounds: int, no_progress: bool) -> None:
     """Benchmark proposers (and transformers baselines) on a dataset: acceptance, speed, exact match.
 
     Writes results.json, results.md and PNG plots to --out, each atomically. Ctrl-C writes what has finished.
@@ -82,7 +84,7 @@ def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None
                       temperature=temperature, seed=seed, dtype=dtype, device=device, model=model,
                       draft=draft, draft_model=draft_model, data_dir=data_dir, out=out, options=opts,
                       epsilon=epsilon, command=shlex.join(["specdec", *sys.argv[1:]]), caches=caches,
-                      verifier=verifier, overwrite=overwrite, batch_sizes=batch_sizes)
+                      verifier=verifier, overwrite=overwrite, batch_sizes=batch_sizes, rounds=rounds)
     claim_output_dir(plan.out, "bench", overwrite=overwrite, option="--out")  # before any model loads
     _quiet_transformers()
     click.echo(f"bench: {len(plan.prompts)} prompts from {plan.dataset_path}; runners: "

@@ -45,6 +45,7 @@ def run_bench(plan: BenchPlan, model: Any = None, tokenizer: Any = None, show_pr
         results = summarize(plan, model, {}, plan.prompts, False, time.perf_counter() - started)
         results["meta"]["dataset"].update(num_prompts=len(plan.prompts), num_turns=len(plan.prompts))
         results["meta"]["batch_sizes"] = list(plan.batch_sizes)
+        results["meta"]["rounds"] = plan.rounds
         results["meta"]["caches"] = {r.name: r.cache for r in runners if r.cache is not None}
         results["batched"] = batched
         return results

@@ -196,6 +196,7 @@ class BenchPlan:
     command: str = ""
     verifier: str | None = None  # every specdec runner's verifier; None: greedy, or rejection when sampling
     batch_sizes: list[int] = field(default_factory=list)  # --batch-size: the batched comparison instead
+    rounds: int = 1  # --rounds: batched passes per runner and batch size (medians reported)
 
     @property
     def runner_names(self) -> list[str]:
@@ -208,7 +209,8 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
                draft: str | None = None, draft_model: str | None = None, data_dir: str | None = None,
                out: str | os.PathLike | None = None, options: Iterable[str] = (),
                epsilon: float = DEFAULT_EPSILON, command: str = "", caches: Iterable[str] = (),
-               verifier: str | None = None, overwrite: bool = False, batch_sizes: str | None = None) -> BenchPlan:
+               verifier: str | None = None, overwrite: bool = False, batch_sizes: str | None = None,
+               rounds: int = 1) -> BenchPlan:
     """Validate every argument (before any model loads); SpecdecError with one sentence on bad input.
     Nothing is written: the bench command claims the output folder (`specdec.files.claim_output_dir`)
     once the plan is made."""
@@ -239,6 +241,10 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
     names = parse_proposers(proposers)
     runner_baselines = parse_baselines(baselines, draft_model)
     sizes = parse_batch_sizes(batch_sizes, runner_baselines)
+    check_count("--rounds", rounds, maximum=20)
+    if rounds > 1 and not sizes:
+        raise SpecdecError("--rounds repeats the batched comparison; give --batch-size too (the per-prompt "
+                           "comparison already interleaves runners prompt by prompt).")
     configs = parse_proposer_options(options, names, draft)
     runner_caches = parse_caches(caches, names)
     path, prompts = load_dataset(dataset, data_dir, limit)
@@ -251,4 +257,4 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
                      baselines=runner_baselines, limit=limit, max_new_tokens=max_new_tokens,
                      temperature=temperature, seed=seed, dtype=dtype, device=device, model=model, draft=draft,
                      draft_model=draft_model, epsilon=epsilon, out=out, command=command, caches=runner_caches,
-                     verifier=verifier, batch_sizes=sizes)
+                     verifier=verifier, batch_sizes=sizes, rounds=rounds)

@@ -174,12 +174,11 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
         except QueueFull:
             raise APIError(503, f"The server is busy ({settings.max_waiting} requests wait already); try again "
                                 "shortly.", kind="server_error", code="queue_full") from None
-        reply = _Reply(chat, settings.model_name, len(ids), ClientText(tokenizer, body.stop))
+        reply = _Reply(chat, settings.model_name, len(ids), ClientText(tokenizer, body.stop), body.return_token_ids)
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(stream(request, job, work, reply, include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        tokens: list[int] = []
         try:
             while True:
                 try:
@@ -189,8 +188,7 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
                         scheduler.cancel(work)
                         return Response(status_code=499)
                     continue
-                if kind == "tokens":
-                    tokens.extend(payload)
+                if kind == "tokens":  # the whole text is decoded once, at the end
                     continue
                 result = finished(payload)
                 return JSONResponse(reply.whole(result))
@@ -240,7 +238,14 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body: CompletionRequest = await parse(request, CompletionRequest)
-        ids = list(tokenizer(body.prompt, add_special_tokens=True)["input_ids"])
+        if isinstance(body.prompt, str):
+            ids = list(tokenizer(body.prompt, add_special_tokens=True)["input_ids"])
+        else:
+            ids = body.prompt
+            vocab = decoder.target.vocab_size
+            if any(not 0 <= i < vocab for i in ids):
+                raise APIError(400, f"The prompt's token ids must lie in [0, {vocab}) for this model.",
+                               param="prompt")
         return await generate(request, body, ids, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -278,8 +283,9 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
 class _Reply:
     """OpenAI's response and chunk objects for one request."""
 
-    def __init__(self, chat: bool, model: str, prompt_tokens: int, text: ClientText) -> None:
+    def __init__(self, chat: bool, model: str, prompt_tokens: int, text: ClientText, token_ids: bool) -> None:
         self.chat, self.model, self.prompt_tokens, self.text = chat, model, prompt_tokens, text
+        self.token_ids = token_ids
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -318,6 +324,8 @@ class _Reply:
                                       "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        if self.token_ids:
+            choice["token_ids"] = result.token_ids
         stats = result.stats
         return {**self._head(self.object), "choices": [choice], "usage": self._usage(result),
                 "specdec": {"mean_acceptance_length": stats.mean_acceptance_length,

@@ -51,6 +51,7 @@ class _Generation(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and unused, as a label
+    return_token_ids: bool = False  # vLLM's extension: the generated ids beside the text (not with stream)
     # refused unless at their no-op value (see UNSUPPORTED)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -89,17 +90,22 @@ class _Generation(BaseModel):
                                     f"not implemented); leave it out.", param=name)
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "stream_options is only allowed with stream = true.", param="stream_options")
+        if self.return_token_ids and self.stream:
+            raise APIError(400, "return_token_ids is only available without stream; leave one of them out.",
+                           param="return_token_ids")
 
 
 class CompletionRequest(_Generation):
-    prompt: str | list[str]
+    """`prompt`: a string or token ids (a list of ints), or a list holding one of those: one prompt per request."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str:
-        if isinstance(value, list):
+    def _one_prompt(cls, value: Any) -> str | list[int]:
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
             if len(value) != 1:
-                raise ValueError("give one prompt string per request")
+                raise ValueError("give one prompt per request (a string or a list of token ids)")
             value = value[0]
         if not value:
             raise ValueError("the prompt is empty")
