@@ -26,7 +26,7 @@ def _measured(costs: list[tuple[int, float]], accepted_per_step: int) -> DraftBu
     budget.costs[8] = costs
     for _ in range(400):
         budget.record(8, list(range(accepted_per_step)))
-    budget.draft_seconds, budget.plain_seconds = 0.001, 0.0005
+    budget.draft_seconds[8], budget.plain_seconds[8] = 0.001, 0.0005
     return budget
 
 
@@ -37,6 +37,25 @@ def test_cheap_wide_forwards_verify_long_drafts_and_dear_ones_none():
     assert _measured(steep, 6).choose(8, 8) == [0] * 8
     assert _measured(flat, 0).choose(8, 8) == [0] * 8  # nothing is ever accepted: no drafting
     assert _measured(flat, 6).choose(1, 8) == [None]  # one row verifies its whole draft
+
+
+def test_drafting_time_is_kept_per_batch_bucket_and_measured_afresh():
+    """A drafting time measured at another batch size (e.g. the last rows of a call, alone) does not decide this
+    one's; a bucket that stopped drafting drafts again after a while, so a stale time cannot keep it off."""
+    flat = [(1, 0.030), (2, 0.030), (3, 0.031), (5, 0.032), (9, 0.034), (17, 0.060)]
+    budget = _measured(flat, 6)
+    budget.record_step_time(1, True, 0.5)  # one row alone drafting slowly: bucket 2
+    assert budget.choose(8, 8) == [6] * 8
+    budget.costs[4] = flat
+    assert budget.choose(4, 8) == [None] * 4  # bucket 4 has not drafted yet: it drafts in full once
+    budget.record_step_time(4, True, 4 * 0.2)  # then very dear drafting there
+    budget.plain_seconds[4] = 0.0005
+    assert budget.choose(4, 8) == [0] * 4
+    for _ in range(32):
+        budget.record_step_time(4, False, 4 * 0.0005)
+    assert budget.choose(4, 8)[0] >= 1  # 32 plain steps later: draft once to measure again
+    budget.record_step_time(4, True, 4 * 0.0001)  # cheap now
+    assert budget.choose(4, 8) == [6] * 4
 
 
 def test_a_cut_tree_is_a_tree_of_its_first_nodes():

@@ -9,10 +9,13 @@ tokens per second,
 
 where t(B, w) is the measured time of a forward of B rows of w tokens (probed once per batch size bucket on
 the live batch, then rolled back); d the measured time per row of the rest of a step (drafting, verifying, the
-proposers' bookkeeping), kept apart for steps that draft and steps that do not; and E(m) = 1 + the mean number
+proposers' bookkeeping), kept per batch size bucket (a batched draft forward is shared by the rows) and apart
+for steps that draft and steps that do not; and E(m) = 1 + the mean number
 of draft tokens that would have been accepted had the draft been cut to its first m tokens, read off every
 verdict (the accepted path of a chain or tree: parents come before children, so any prefix of a draft is a
-draft). At m = 0 the proposer is not asked at all: at large batches this is plain batched decoding. One row
+draft). At m = 0 the proposer is not asked at all: at large batches this is plain batched decoding. A bucket
+whose drafting time is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0
+once, so that a drafting time measured once under noise (or in another bucket) cannot keep drafting off. One row
 alone verifies what its proposer drafts, as before batching existed. vLLM and SGLang turn speculation off
 under load for the same reason; here one rule covers every batch size and every proposer.
 """
@@ -35,6 +38,8 @@ _WIDTHS = (1, 2, 3, 5, 9, 17)
 _WARMUP_STEPS = 8
 #: the upper-confidence margin on E(m) after n steps is min(1, _EXPLORATION / sqrt(1 + n)) tokens
 _EXPLORATION = 2.0
+#: steps without drafting after which a batch bucket drafts once more, to measure its drafting time afresh
+_REFRESH_STEPS = 32
 
 
 def bucket(batch: int) -> int:
@@ -49,9 +54,11 @@ class DraftBudget:
         self.accepted_sum: list[float] = [0.0]  # [m]: sum over steps of tokens accepted within the first m
         self.seen: list[int] = [0]  # [m]: steps whose draft held at least m tokens
         self.steps = 0  # rows' steps recorded
-        # moving averages of one row's share of a step's time outside the target forward, with and without drafts
-        self.draft_seconds = 0.0
-        self.plain_seconds = 0.0
+        # by batch bucket: moving averages of one row's share of a step's time outside the target forward, with
+        # and without drafts, and the steps since the bucket last drafted
+        self.draft_seconds: dict[int, float] = {}
+        self.plain_seconds: dict[int, float] = {}
+        self.plain_streak: dict[int, int] = {}
 
     # -- measuring -----------------------------------------------------------------------------------------
     def record(self, drafted: int, path: Sequence[int]) -> None:
@@ -69,11 +76,11 @@ class DraftBudget:
     def record_step_time(self, rows: int, drafted: bool, seconds: float) -> None:
         """A step's time outside the target's forward (drafting, verifying, committing, the proposers' observe),
         per row: kept apart for steps that drafted and steps that did not."""
-        per_row = seconds / rows
-        if drafted:
-            self.draft_seconds = per_row if self.draft_seconds == 0.0 else 0.9 * self.draft_seconds + 0.1 * per_row
-        else:
-            self.plain_seconds = per_row if self.plain_seconds == 0.0 else 0.9 * self.plain_seconds + 0.1 * per_row
+        per_row, b = seconds / rows, bucket(rows)
+        averages = self.draft_seconds if drafted else self.plain_seconds
+        stale = drafted and self.plain_streak.get(b, 0) >= _REFRESH_STEPS  # a refresh step replaces the old time
+        averages[b] = per_row if b not in averages or stale else 0.9 * averages[b] + 0.1 * per_row
+        self.plain_streak[b] = 0 if drafted else self.plain_streak.get(b, 0) + 1
 
     def expected(self, m: int) -> float:
         """Expected tokens committed by one row's step with a draft cut to m tokens (the target's own included)."""
@@ -116,10 +123,14 @@ class DraftBudget:
         its whole draft (one row alone, or too few steps measured yet)."""
         if rows <= 1 or self.steps < _WARMUP_STEPS:
             return [None] * rows
+        b = bucket(rows)
+        if b not in self.draft_seconds:
+            return [None] * rows  # this bucket's drafting time is not measured yet: draft in full once
+        refresh = self.plain_streak.get(b, 0) >= _REFRESH_STEPS
         best, best_rate = 0, 0.0
-        for m in range(0, min(most, len(self.seen) - 1) + 1):
-            seconds = self.forward_seconds(rows, 1 + m) + rows * (self.draft_seconds if m else self.plain_seconds)
-            rate = rows * self.optimistic(m) / seconds
+        for m in range(1 if refresh else 0, min(most, len(self.seen) - 1) + 1):
+            rest = self.draft_seconds[b] if m else self.plain_seconds.get(b, 0.0)  # unmeasured plain: try it
+            rate = rows * self.optimistic(m) / (self.forward_seconds(rows, 1 + m) + rows * rest)
             if rate > best_rate:
                 best, best_rate = m, rate
         return [best] * rows
