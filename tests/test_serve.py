@@ -252,6 +252,9 @@ def test_metrics_in_prometheus_text(server):
         name, value = line.rsplit(" ", 1)
         samples[name] = float(value)
     assert samples['specdec_requests_total{endpoint="/v1/completions",status="200"}'] >= 1
+    server.get("/no/such/path")
+    text = server.get("/metrics")[1]
+    assert 'endpoint="other",status="404"' in text and "/no/such/path" not in text
     assert samples["specdec_generation_tokens_total"] >= 8
     assert samples["specdec_mean_acceptance_length"] >= 1.0
     assert samples["specdec_queue_depth"] == 0
@@ -354,5 +357,29 @@ def test_a_full_queue_answers_503_and_the_rest_finish():
             assert code == 503 and reply["error"]["code"] == "queue_full"
             assert first.result()[0] == 200 and second.result()[0] == 200
             assert first.result()[1]["choices"][0]["text"] == second.result()[1]["choices"][0]["text"]
+    finally:
+        server.close()
+
+
+class Fatal(BaseException):
+    """Not an Exception: gets past the per-step guard and stops the engine thread."""
+
+
+class FatalProposer(Proposer):
+    name = "test-fatal"
+
+    def propose(self, state):
+        raise Fatal("planted fatal error")
+
+
+def test_a_stopped_engine_is_reported_by_health_and_refuses_requests():
+    server = Server(decoder_for(FatalProposer))
+    try:
+        code, reply = server.post("/v1/completions", {"model": MODEL, "prompt": "w5 w6", "max_tokens": 4})
+        assert code == 500 and "planted fatal error" in reply["error"]["message"]
+        status, text = server.get("/health")
+        assert status == 503 and "Fatal: planted fatal error" in json.loads(text)["error"]["message"]
+        code, reply = server.post("/v1/completions", {"model": MODEL, "prompt": "w5 w6", "max_tokens": 4})
+        assert code == 503 and reply["error"]["code"] == "engine_stopped"
     finally:
         server.close()

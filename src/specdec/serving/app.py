@@ -30,7 +30,7 @@ from ..generation import EngineResult
 from ..sampling import SamplingParams
 from .metrics import Metrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, finish_reason
-from .scheduler import QueueFull, Scheduler
+from .scheduler import NotRunning, QueueFull, Scheduler
 from .scheduler import Request as EngineRequest
 from .text import ClientText
 
@@ -110,10 +110,13 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
         return JSONResponse(APIError(500, f"Internal error: {type(exc).__name__}: {exc} (please report it).",
                                      kind="server_error").body(), status_code=500)
 
+    endpoints = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+
     @app.middleware("http")
     async def _count(request: Request, call_next: Any) -> Response:
         response = await call_next(request)
-        metrics.request(request.url.path, response.status_code)
+        path = request.url.path
+        metrics.request(path if path in endpoints else "other", response.status_code)  # bounded label values
         return response
 
     def authorize(request: Request) -> None:
@@ -174,6 +177,9 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
         except QueueFull:
             raise APIError(503, f"The server is busy ({settings.max_waiting} requests wait already); try again "
                                 "shortly.", kind="server_error", code="queue_full") from None
+        except NotRunning:
+            raise APIError(503, "The engine is not running (see /health); restart the server.",
+                           kind="server_error", code="engine_stopped") from None
         reply = _Reply(chat, settings.model_name, len(ids), ClientText(tokenizer, body.stop), body.return_token_ids)
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -50,6 +50,10 @@ class QueueFull(Exception):
     """More requests wait than the scheduler was told to hold."""
 
 
+class NotRunning(Exception):
+    """The engine thread has stopped (or never started): nothing would answer the request."""
+
+
 class Scheduler:
     """Runs `engine` on its own thread over the requests submitted to it, at most `batch_size` at a time."""
 
@@ -85,6 +89,8 @@ class Scheduler:
 
     def submit(self, request: Request) -> None:
         with self._wake:
+            if self._stopping or not self._thread.is_alive():
+                raise NotRunning("the engine thread is not running")
             if len(self._incoming) >= self.max_waiting:
                 raise QueueFull(f"{len(self._incoming)} requests are already waiting")
             self._incoming.append(request)
@@ -116,6 +122,9 @@ class Scheduler:
                         self._guarded(lambda: self._step(active, owners), active, owners)
                     self._finish(active, owners)
                     self.running = len(active)
+            stopped = RuntimeError("the server is shutting down")
+            for request in [*owners.values(), *self._incoming]:
+                request.on_done(None, stopped)
         except BaseException as exc:  # noqa: BLE001 - reported to every request left, then to /health
             self.error = exc
             log.exception("the engine thread stopped")
