@@ -383,3 +383,37 @@ def test_a_stopped_engine_is_reported_by_health_and_refuses_requests():
         assert code == 503 and reply["error"]["code"] == "engine_stopped"
     finally:
         server.close()
+
+
+class _CharTokenizer:
+    """Token i is the character chr(i): text and ids line up one to one."""
+
+    @staticmethod
+    def decode(ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+@pytest.mark.parametrize("text, stops, want", [
+    ("Hello world", ["Hello"], ""),  # the stop string at the very start: nothing of it may leak
+    ("abHello", ["Hello"], "ab"),
+    ("one\n\nUser: two", ["\n\nUser:"], "one"),
+    ("no stop here", ["zz"], "no stop here"),
+    ("plain", [], "plain"),
+])
+def test_streamed_text_never_shows_part_of_a_stop_string(text, stops, want):
+    from specdec.serving.text import ClientText
+
+    streamed = ClientText(_CharTokenizer(), stops)
+    pieces = [streamed.push([ord(c)]) for c in text] + [streamed.finish()]
+    assert "".join(pieces) == want
+    assert all(want.startswith("".join(pieces[: i + 1])) for i in range(len(pieces)))
+    assert ClientText(_CharTokenizer(), stops).full([ord(c) for c in text]) == want
+
+
+def test_max_tokens_past_the_context_window_is_refused(server):
+    code, reply = server.post("/v1/completions", {"model": MODEL, "prompt": "w5 w6", "max_tokens": 255})
+    assert code == 400 and reply["error"]["code"] == "context_length_exceeded"
+    assert "ask for at most 254" in reply["error"]["message"]
+    code, reply = server.post("/v1/completions", {"model": MODEL, "prompt": "w5 w6", "max_tokens": 254,
+                                                  "temperature": 0})
+    assert code == 200

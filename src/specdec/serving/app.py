@@ -114,9 +114,13 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
 
     @app.middleware("http")
     async def _count(request: Request, call_next: Any) -> Response:
-        response = await call_next(request)
-        path = request.url.path
-        metrics.request(path if path in endpoints else "other", response.status_code)  # bounded label values
+        path = request.url.path if request.url.path in endpoints else "other"  # bounded label values
+        try:
+            response = await call_next(request)
+        except Exception:  # answered by the 500 handler, outside this middleware
+            metrics.request(path, 500)
+            raise
+        metrics.request(path, response.status_code)
         return response
 
     def authorize(request: Request) -> None:
@@ -158,18 +162,22 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
             raise APIError(400, str(exc)) from None
         return sampling
 
-    def check_prompt(ids: list[int]) -> None:
+    def check_prompt(ids: list[int], asked: int | None) -> None:
         if not ids:
             raise APIError(400, "The prompt is empty; give at least one token of text.", param="prompt")
         if len(ids) >= context:
             raise APIError(400, f"The prompt has {len(ids)} tokens but the model's context window is {context}; "
                                 "shorten it.", code="context_length_exceeded")
+        if asked is not None and len(ids) + asked > context:  # as OpenAI and vLLM: refused, not cut short
+            raise APIError(400, f"The prompt ({len(ids)} tokens) and max_tokens ({asked}) exceed the model's "
+                                f"context window of {context} tokens; ask for at most {context - len(ids)}.",
+                           param="max_tokens", code="context_length_exceeded")
 
     async def generate(request: Request, body: Any, ids: list[int], chat: bool) -> Response:
         sampling = sampling_of(body)
-        check_prompt(ids)
+        check_prompt(ids, body.new_tokens())
         job = _Job(asyncio.get_running_loop(), metrics, len(ids))
-        new_tokens = body.new_tokens() or settings.max_new_tokens
+        new_tokens = body.new_tokens() or settings.max_new_tokens  # the default is cut at the context window
         work = EngineRequest(prompt_ids=ids, max_new_tokens=new_tokens, sampling=sampling, seed=body.seed,
                              stop=body.stop, on_tokens=job.on_tokens, on_done=job.on_done)
         try:
@@ -260,8 +268,8 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             ids = decoder.encode_chat(messages)
-        except SpecdecError as exc:
-            raise APIError(400, str(exc), param="messages") from None
+        except Exception as exc:  # noqa: BLE001 - a template's raise_exception ("roles must alternate") is the client's
+            raise APIError(400, f"The chat template refused these messages: {exc}", param="messages") from None
         return await generate(request, body, ids, chat=True)
 
     @app.get("/v1/models")

@@ -65,8 +65,7 @@ class Metrics:
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
-            out.extend(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
-                       for labels, value in samples)
+            out.extend(f"{name}{labels} {value!r}" for labels, value in samples)  # repr: every digit of a float
 
         with self._lock:
             metric("specdec_requests_total", "counter", "HTTP requests answered, by endpoint and status.",
@@ -99,6 +98,5 @@ class Metrics:
             samples += [("_sum", float(self.ttft_sum)), ("_count", cumulative)]
             out.append("# HELP specdec_time_to_first_token_seconds From a request's arrival to its first token.")
             out.append("# TYPE specdec_time_to_first_token_seconds histogram")
-            out.extend(f"specdec_time_to_first_token_seconds{suffix} {value:g}" if isinstance(value, float)
-                       else f"specdec_time_to_first_token_seconds{suffix} {value}" for suffix, value in samples)
+            out.extend(f"specdec_time_to_first_token_seconds{suffix} {value!r}" for suffix, value in samples)
         return "\n".join(out) + "\n"

@@ -19,6 +19,10 @@ UNSUPPORTED = {
 }
 
 
+#: a stop string is checked against the decoded tail of every new token, so its length costs every step
+MAX_STOP_CHARS = 256
+
+
 class APIError(Exception):
     """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}} with an HTTP status."""
 
@@ -75,8 +79,8 @@ class _Generation(BaseModel):
     @classmethod
     def _stops(cls, value: str | list[str] | None) -> list[str]:
         stops = [value] if isinstance(value, str) else list(value or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop takes up to 4 non-empty strings")
+        if len(stops) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop takes up to 4 non-empty strings of at most {MAX_STOP_CHARS} characters")
         return stops
 
     def refuse_unsupported(self) -> None:

@@ -7,8 +7,10 @@ each request's `on_tokens` with the tokens a step committed for it and `on_done`
 the exception that ended it). `cancel` marks a request; its row leaves the batch before the next step, so
 a client that goes away stops costing target forwards within one step.
 
-A row's output does not depend on the rows beside it: greedy rows give exactly what they give alone (the
-engine is lossless per row), sampled rows draw from their own generator, seeded per request.
+Greedy rows give exactly what they give alone, whatever runs beside them (the engine is lossless per row).
+Sampled rows draw from their own generator, seeded per request, so they are distributed as the target's
+whatever runs beside them; a seed repeats a reply exactly only under the same draft lengths (the adaptive
+budget cuts drafts by batch size), as with OpenAI's API, best effort.
 """
 
 from __future__ import annotations
@@ -99,12 +101,17 @@ class Scheduler:
     def cancel(self, request: Request) -> None:
         request.cancelled = True
         with self._wake:
+            try:  # still waiting: it leaves the queue now (answered outside the lock)
+                self._incoming.remove(request)
+            except ValueError:
+                request = None  # type: ignore[assignment]  # in the batch: its row leaves before the next step
             self._wake.notify()
+        if request is not None:
+            request.on_done(None, None)
 
     # -- the engine thread -----------------------------------------------------------------------------------
     def _loop(self) -> None:
         engine, target = self.engine, self.engine.target
-        self._stops: dict[tuple[str, ...], StopChecker] = {}
         self._joining: list[Row] = []  # rows being admitted (their proposers go back if admission fails)
         active: list[Row] = []
         owners: dict[int, Request] = {}  # row index -> request
@@ -120,16 +127,24 @@ class Scheduler:
                         self._guarded(lambda joining=joining: self._admit(joining, active, owners), active, owners)
                     elif active:
                         self._guarded(lambda: self._step(active, owners), active, owners)
-                    self._finish(active, owners)
+                    self._guarded(lambda: self._finish(active, owners), active, owners)
                     self.running = len(active)
-            stopped = RuntimeError("the server is shutting down")
-            for request in [*owners.values(), *self._incoming]:
-                request.on_done(None, stopped)
+            self._answer_all(owners, RuntimeError("the server is shutting down"))
         except BaseException as exc:  # noqa: BLE001 - reported to every request left, then to /health
             self.error = exc
             log.exception("the engine thread stopped")
-            for request in [*owners.values(), *self._incoming]:
-                request.on_done(None, exc)
+            self._answer_all(owners, exc)
+
+    def _answer_all(self, owners: dict[int, Request], error: BaseException) -> None:
+        """The thread is ending: no request may arrive after this, and every one held gets `error`."""
+        with self._wake:
+            self._stopping = True
+            left = [*owners.values(), *self._incoming]
+            self._incoming.clear()
+        owners.clear()
+        self.running = 0
+        for request in left:
+            request.on_done(None, error)
 
     def _take(self, active: int) -> list[Request] | None:
         """Requests to admit now (cancelled ones are answered and dropped); waits while nothing runs. None:
@@ -159,13 +174,10 @@ class Scheduler:
         self._joining = []
 
     def _row(self, index: int, request: Request) -> Row:
-        key = tuple(request.stop)
         target = self.engine.target
-        if key not in self._stops:
-            self._stops[key] = StopChecker(target.eos_token_ids, list(key), target.tokenizer)
+        stops = StopChecker(target.eos_token_ids, request.stop, target.tokenizer)  # cheap: one per request
         prompt = torch.tensor(request.prompt_ids, dtype=torch.long, device=target.device)
-        return self.engine.make_row(index, prompt, request.max_new_tokens, request.sampling, request.seed,
-                                    self._stops[key])
+        return self.engine.make_row(index, prompt, request.max_new_tokens, request.sampling, request.seed, stops)
 
     @staticmethod
     def _deliver(owners: dict[int, Request]) -> Callable[[int, list[int]], None]:
@@ -200,8 +212,9 @@ class Scheduler:
             owners.pop(row.index).on_done(row.result(self.engine.target.max_context), None)
 
     def _guarded(self, work: Callable[[], None], active: list[Row], owners: dict[int, Request]) -> None:
-        """Run one admit or step; if it raises, the rows in the batch end with that error and the engine goes on
-        with a fresh cache (a plugin's bug ends the requests it touched, not the server)."""
+        """Run one admit, step or retirement; if it raises, the rows in the batch end with that error and the
+        engine goes on with a fresh cache (a plugin's bug, or memory running out, ends the requests it touched,
+        not the server)."""
         try:
             work()
         except Exception as exc:  # noqa: BLE001 - reported to the requests that were in the batch
@@ -213,6 +226,6 @@ class Scheduler:
                     row.proposer = None
             active.clear()
             self._joining = []
-            self.engine.target.reset()
-            for request in failed:
+            for request in failed:  # answered before the reset: a reset that raises stops the thread instead
                 request.on_done(None, exc)
+            self.engine.target.reset()

@@ -42,7 +42,7 @@ class ClientText:
             return self._emit(text[:cut])
         if text.endswith("\ufffd"):
             return ""
-        return self._emit(text[: len(text) - self.hold] if self.hold else text)
+        return self._emit(text[: max(0, len(text) - self.hold)])
 
     def finish(self) -> str:
         """The rest of the text once generation has ended."""
