@@ -2,8 +2,13 @@
 
 OpenAI's API leaves a stop sequence out of the returned text, while specdec's engine stops at the token that
 completes it (`specdec run` prints that token). So the text is cut before the first stop string, and while
-streaming the last characters that could still begin one are held back until they cannot. Incomplete UTF-8
-(a decoded text ending in U+FFFD) is held back too, as `specdec run` does.
+streaming the last characters that could still begin one are held back until they cannot.
+
+Streaming decodes incrementally, as vLLM's detokenizer does: each step decodes only the ids after a prefix
+offset (a few tokens of left context, so a tokenizer that merges spaces or bytes across tokens decodes them as
+in the whole text) and appends what that window adds beyond its known part. A window whose text ends in an
+incomplete UTF-8 sequence (U+FFFD) waits for the next ids. The cost per step is the window's, not the reply's.
+A non-streaming reply decodes the whole reply once, exactly as `specdec run` does.
 """
 
 from __future__ import annotations
@@ -17,8 +22,14 @@ class ClientText:
         self.stops = [s for s in stops if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1  # characters that may begin a stop string
         self.ids: list[int] = []
+        self.prefix_offset = 0  # ids before this are never decoded again
+        self.read_offset = 0  # ids before this are in self.text
+        self.text = ""  # the decoded reply so far
         self.sent = 0  # characters already given to the client
         self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _cut(self, text: str) -> int | None:
         found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
@@ -30,29 +41,37 @@ class ClientText:
         new, self.sent = upto[self.sent:], len(upto)
         return new
 
+    def _extend(self, final: bool) -> None:
+        """Decode the ids after the prefix offset; append what they add beyond the part already read."""
+        known = self._decode(self.ids[self.prefix_offset: self.read_offset])
+        window = self._decode(self.ids[self.prefix_offset:])
+        if len(window) > len(known) and (final or not window.endswith("\ufffd")):
+            self.text += window[len(known):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+
     def push(self, ids: list[int]) -> str:
         """New text after these ids ("" when nothing can be sent yet)."""
         if self.stopped:
             return ""
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cut = self._cut(text)
+        self._extend(final=False)
+        cut = self._cut(self.text)
         if cut is not None:
             self.stopped = True
-            return self._emit(text[:cut])
-        if text.endswith("\ufffd"):
-            return ""
-        return self._emit(text[: max(0, len(text) - self.hold)])
+            return self._emit(self.text[:cut])
+        return self._emit(self.text[: max(0, len(self.text) - self.hold)])
 
     def finish(self) -> str:
         """The rest of the text once generation has ended."""
         if self.stopped:
             return ""
         self.stopped = True
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cut = self._cut(text)
-        return self._emit(text if cut is None else text[:cut])
+        self._extend(final=True)
+        cut = self._cut(self.text)
+        return self._emit(self.text if cut is None else self.text[:cut])
 
     def full(self, ids: list[int]) -> str:
-        """The whole text of a finished generation (non-streaming responses)."""
-        return self.push(ids) + self.finish()
+        """The whole text of a finished generation (non-streaming replies): one decode of every id."""
+        text = self._decode(list(ids))
+        cut = self._cut(text)
+        return text if cut is None else text[:cut]
