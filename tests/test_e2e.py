@@ -164,15 +164,15 @@ def test_specdec_serve_answers_concurrent_chats_as_each_alone(float32_target):
 def test_streamed_text_equals_the_whole_text_with_the_embedded_tokenizer(float32_target):
     """specdec serve's incremental detokenization (a window after a prefix offset) against one decode of every
     id, on the embedded byte-level BPE tokenizer: accents, emoji (several tokens per character), CJK, spaces."""
-    from specdec.serving.text import ClientText
+    from specdec.detokenize import StreamingText
 
     tokenizer = float32_target.target.tokenizer
     text = "Héllo wörld! 😀 Ça va? 日本語のテキスト。  Two  spaces,\n\nnew lines; don't   stop. def f(x): return x ** 2"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     for stops in ([], ["stop"], ["\n\n"], ["😀"]):
-        whole = ClientText(tokenizer, stops).full(ids)
+        whole = StreamingText(tokenizer, stops).full(ids)
         for step in (1, 3):
-            streamed = ClientText(tokenizer, stops)
+            streamed = StreamingText(tokenizer, stops)
             pieces = [streamed.push(ids[i: i + step]) for i in range(0, len(ids), step)] + [streamed.finish()]
             assert "".join(pieces) == whole, (stops, step)
             assert all("\ufffd" not in piece for piece in pieces)

@@ -163,7 +163,9 @@ def test_adversarial_proposers_are_lossless(kind, prompt, max_new, which, k, see
     expected = plain_greedy(model, prompt, max_new)
     if which == "random":
         out = run_with(RandomProposer, model, prompt, max_new, num_tokens=k, seed=seed)
-        assert out.stats.mean_acceptance_length < 1.5
+        steps = out.stats.acceptance_lengths
+        if len(steps) >= 10:  # a random guess is right 1 time in 128: one or two steps may well accept one
+            assert out.stats.mean_acceptance_length < 1.5
     elif which == "empty":
         out = run_with(EmptyProposer, model, prompt, max_new)
         # every step commits the target's own token only; the prefill made the first (max_new 1: no step)

@@ -401,13 +401,13 @@ class _CharTokenizer:
     ("plain", [], "plain"),
 ])
 def test_streamed_text_never_shows_part_of_a_stop_string(text, stops, want):
-    from specdec.serving.text import ClientText
+    from specdec.detokenize import StreamingText
 
-    streamed = ClientText(_CharTokenizer(), stops)
+    streamed = StreamingText(_CharTokenizer(), stops)
     pieces = [streamed.push([ord(c)]) for c in text] + [streamed.finish()]
     assert "".join(pieces) == want
     assert all(want.startswith("".join(pieces[: i + 1])) for i in range(len(pieces)))
-    assert ClientText(_CharTokenizer(), stops).full([ord(c) for c in text]) == want
+    assert StreamingText(_CharTokenizer(), stops).full([ord(c) for c in text]) == want
 
 
 def test_max_tokens_past_the_context_window_is_refused(server):

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from . import loading
 from .contracts import KVCache, Proposer, ProposerConfig, Verifier
+from .detokenize import StreamingText
 from .engine import Engine, GenerationStats
 from .errors import SpecdecError
 from .plugins import get_cache_class, get_proposer_class, get_registry, get_verifier_class
@@ -296,18 +297,12 @@ def as_stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> list[str]
 
 
 class _TextStreamer:
-    """Turns committed token ids into new text, holding back incomplete UTF-8 sequences."""
+    """Turns committed token ids into new text for on_text (incrementally: specdec.detokenize.StreamingText)."""
 
     def __init__(self, tokenizer: Any, on_text: Callable[[str], None]) -> None:
-        self.tokenizer, self.on_text = tokenizer, on_text
-        self.ids: list[int] = []
-        self.printed = 0
+        self.text, self.on_text = StreamingText(tokenizer), on_text
 
     def __call__(self, new_ids: list[int]) -> None:
-        self.ids.extend(new_ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        if len(text) > self.printed:
-            self.on_text(text[self.printed:])
-            self.printed = len(text)
+        piece = self.text.push(new_ids)
+        if piece:
+            self.on_text(piece)

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api import SpeculativeDecoder
+from ..detokenize import StreamingText
 from ..errors import SpecdecError
 from ..generation import EngineResult
 from ..sampling import SamplingParams
@@ -32,7 +33,6 @@ from .metrics import Metrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, finish_reason
 from .scheduler import NotRunning, QueueFull, Scheduler
 from .scheduler import Request as EngineRequest
-from .text import ClientText
 
 log = logging.getLogger("specdec.serve")
 
@@ -188,7 +188,7 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
         except NotRunning:
             raise APIError(503, "The engine is not running (see /health); restart the server.",
                            kind="server_error", code="engine_stopped") from None
-        reply = _Reply(chat, settings.model_name, len(ids), ClientText(tokenizer, body.stop), body.return_token_ids)
+        reply = _Reply(chat, settings.model_name, len(ids), StreamingText(tokenizer, body.stop), body.return_token_ids)
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(stream(request, job, work, reply, include_usage),
@@ -297,7 +297,7 @@ def create_app(decoder: SpeculativeDecoder, settings: Settings) -> FastAPI:
 class _Reply:
     """OpenAI's response and chunk objects for one request."""
 
-    def __init__(self, chat: bool, model: str, prompt_tokens: int, text: ClientText, token_ids: bool) -> None:
+    def __init__(self, chat: bool, model: str, prompt_tokens: int, text: StreamingText, token_ids: bool) -> None:
         self.chat, self.model, self.prompt_tokens, self.text = chat, model, prompt_tokens, text
         self.token_ids = token_ids
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex

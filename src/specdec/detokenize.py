@@ -1,14 +1,15 @@
-"""Committed token ids -> the text an OpenAI client receives, piece by piece.
+"""Committed token ids -> text, piece by piece: `specdec run`'s stream and `specdec serve`'s replies.
 
-OpenAI's API leaves a stop sequence out of the returned text, while specdec's engine stops at the token that
-completes it (`specdec run` prints that token). So the text is cut before the first stop string, and while
-streaming the last characters that could still begin one are held back until they cannot.
+With stop strings (the server's case) the text is cut before the first one, as OpenAI's API leaves a stop
+sequence out of the returned text while specdec's engine stops at the token that completes it (`specdec run`
+prints that token and passes no stop strings here); while streaming, the last characters that could still
+begin one are held back until they cannot.
 
 Streaming decodes incrementally, as vLLM's detokenizer does: each step decodes only the ids after a prefix
 offset (a few tokens of left context, so a tokenizer that merges spaces or bytes across tokens decodes them as
 in the whole text) and appends what that window adds beyond its known part. A window whose text ends in an
 incomplete UTF-8 sequence (U+FFFD) waits for the next ids. The cost per step is the window's, not the reply's.
-A non-streaming reply decodes the whole reply once, exactly as `specdec run` does.
+A finished reply (`full`) decodes every id once, as `SpeculativeDecoder.generate` does for its text.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 
-class ClientText:
-    def __init__(self, tokenizer: Any, stops: list[str]) -> None:
+class StreamingText:
+    def __init__(self, tokenizer: Any, stops: list[str] | None = None) -> None:
         self.tokenizer = tokenizer
-        self.stops = [s for s in stops if s]
+        self.stops = [s for s in stops or [] if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1  # characters that may begin a stop string
         self.ids: list[int] = []
         self.prefix_offset = 0  # ids before this are never decoded again
