@@ -33,10 +33,10 @@ from .cli_support import (
     check_temperature,
     check_text,
     check_top_p,
+    checked_proposer,
     debug_enabled,
     one_line,
     parse_draft_budget,
-    parse_options,
     print_traceback,
     set_debug,
     user_errors,
@@ -210,9 +210,6 @@ def run(prompt: str | None, prompts_file: str | None, batch_size: int | None, dr
     file (--prompts), as a batch."""
     from .api import (
         SpeculativeDecoder,
-        build_proposer_config,
-        check_verifier,
-        default_proposer,
         validate_generation_args,
     )
     from .sampling import SamplingParams
@@ -238,13 +235,7 @@ def run(prompt: str | None, prompts_file: str | None, batch_size: int | None, dr
         check_text("--stop", text)
     check_device(device)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    options: dict[str, Any] = parse_options(opts)
-    if draft is not None:
-        options["draft"] = draft
-    name = proposer or default_proposer(model)
-    build_proposer_config(name, options)  # validate before loading anything
-    if verifier is not None:
-        check_verifier(verifier, sampling)
+    name, options = checked_proposer(proposer, model, draft, opts, verifier, sampling)  # before anything loads
     decoder = SpeculativeDecoder.from_pretrained(model, proposer=name, dtype=dtype, device=device, cache=cache,
                                                  verifier=verifier, **options)
     if prompts_file is not None:

@@ -135,3 +135,19 @@ def parse_draft_budget(text: str) -> int | None:
         raise SpecdecError(f"--draft-budget must be auto or a whole number of at least 0, got {text!r}.") from None
     check_count("--draft-budget", value, minimum=0, off="0 is plain decoding")
     return value
+
+
+def checked_proposer(proposer: str | None, model: str | None, draft: str | None, opts: tuple[str, ...],
+                     verifier: str | None, sampling: Any = None) -> tuple[str, dict[str, Any]]:
+    """The proposer's name (default: the best for `model`) and its options (--opt pairs, --draft), every one
+    validated, and the verifier's name checked (for `sampling` when given), before any model loads."""
+    from .api import build_proposer_config, check_verifier, default_proposer
+
+    options: dict[str, Any] = parse_options(opts)
+    if draft is not None:
+        options["draft"] = draft
+    name = proposer or default_proposer(model)
+    build_proposer_config(name, options)
+    if verifier is not None:
+        check_verifier(verifier, sampling)
+    return name, options

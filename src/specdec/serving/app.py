@@ -55,7 +55,6 @@ class _Job:
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.started = time.perf_counter()
         self.first_token_seen = False
-        self.done = False
 
     def _put(self, item: tuple[str, Any]) -> None:
         try:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Any
 
 import click
 
-from ..cli_support import check_count, check_device, parse_draft_budget, parse_options, user_errors
+from ..cli_support import check_count, check_device, checked_proposer, parse_draft_budget, user_errors
 from ..errors import SpecdecError
 
 #: the name /v1/models gives the embedded default target
@@ -73,7 +72,7 @@ def serve(host: str, port: int, api_key: str | None, served_model_name: str | No
     except ImportError as exc:
         raise SpecdecError(f"specdec serve needs FastAPI and uvicorn ({exc.name} is missing); install them with "
                            "pip install 'specdec[serve]'.") from None
-    from ..api import SpeculativeDecoder, build_proposer_config, check_verifier, default_proposer
+    from ..api import SpeculativeDecoder
     from ..engine import DEFAULT_BATCH_SIZE
 
     check_count("--port", port, maximum=65535)
@@ -84,13 +83,7 @@ def serve(host: str, port: int, api_key: str | None, served_model_name: str | No
         raise SpecdecError("--api-key is empty; give a key, or leave the option out to serve without one.")
     budget = parse_draft_budget(draft_budget)
     check_device(device)
-    options: dict[str, Any] = parse_options(opts)
-    if draft is not None:
-        options["draft"] = draft
-    name = proposer or default_proposer(model)
-    build_proposer_config(name, options)  # validate before loading anything
-    if verifier is not None:
-        check_verifier(verifier)
+    name, options = checked_proposer(proposer, model, draft, opts, verifier)  # before anything loads
     check_port_free(host, port)
     decoder = SpeculativeDecoder.from_pretrained(model, proposer=name, dtype=dtype, device=device, cache=cache,
                                                  verifier=verifier, **options)
