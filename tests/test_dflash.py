@@ -61,26 +61,45 @@ def rope(x, positions, theta):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def reference_draft(weights, cfg, target, committed, k):
+def zlab_value(cfg, key, default=None):
+    """A key as z-lab's code reads it: `dflash_config` first, then the top level."""
+    return cfg["dflash_config"].get(key, cfg.get(key, default))
+
+
+def reference_logits(weights, cfg, target, committed, k):
+    """The draft's logits [k, V] for the block after `committed`, everything recomputed, written from z-lab's
+    description: a layer is causal inside the block where is_causal says so (absent: where it is a
+    sliding_attention layer); a window lets position p see p' only when |p - p'| < window; the block's
+    embeddings are scaled by input_embedding_scale; the logits multiplied by output_multiplier, then capped."""
     # hidden_states[L + 1] is decoder layer L's output, except for the last layer, whose entry transformers
     # stores after the final norm; the tests therefore never tap the last layer (z-lab's defaults never do).
     eps = cfg["rms_norm_eps"]
-    dflash = cfg["dflash_config"]
     with torch.no_grad():
         states = target(torch.tensor([committed]), output_hidden_states=True).hidden_states
-        raw = torch.cat([states[i + 1][0, :-1] for i in dflash["target_layer_ids"]], dim=-1)
+        raw = torch.cat([states[i + 1][0, :-1] for i in zlab_value(cfg, "target_layer_ids")], dim=-1)
         context = rms(raw @ weights["fc.weight"].T, weights["hidden_norm.weight"], eps)
-        block_size = cfg["block_size"]
+        block_size = zlab_value(cfg, "block_size")
         c = len(committed)
-        ctx_pos = torch.arange(c - 1)
-        window = cfg.get("sliding_window")
-        if window:  # the draft sees only the last `window` context positions
-            context, ctx_pos = context[-window:], ctx_pos[-window:]
-        ids = torch.tensor([committed[-1]] + [dflash["mask_token_id"]] * (block_size - 1))
-        x = target.get_input_embeddings()(ids)
+        ids = torch.tensor([committed[-1]] + [zlab_value(cfg, "mask_token_id")] * (block_size - 1))
+        x = target.get_input_embeddings()(ids) * zlab_value(cfg, "input_embedding_scale", 1.0)
         blk_pos = torch.arange(c - 1, c - 1 + block_size)
+        key_pos = torch.cat([torch.arange(c - 1), blk_pos])
         heads, kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        window_on = cfg.get("use_sliding_window") and cfg.get("sliding_window")
         for layer in range(cfg["num_hidden_layers"]):
+            if cfg.get("layer_types") is None:  # as transformers' Qwen3Config derives them
+                sliding = bool(window_on) and layer >= cfg.get("max_window_layers", 28)
+            else:
+                sliding = cfg["layer_types"][layer] == "sliding_attention"
+            causal = zlab_value(cfg, "is_causal")
+            causal = sliding if causal is None else causal
+            window = cfg["sliding_window"] if sliding and cfg.get("use_sliding_window") else None
+            visible = torch.ones(block_size, len(key_pos), dtype=torch.bool)
+            gap = blk_pos.unsqueeze(1) - key_pos.unsqueeze(0)  # query position - key position
+            if causal:
+                visible &= gap >= 0
+            if window:
+                visible &= gap.abs() < window
             w = {name.split(f"layers.{layer}.", 1)[1]: t for name, t in weights.items()
                  if name.startswith(f"layers.{layer}.")}
             h = rms(x, w["input_layernorm.weight"], eps)
@@ -89,19 +108,25 @@ def reference_draft(weights, cfg, target, committed, k):
             key = rms((both @ w["self_attn.k_proj.weight"].T).view(-1, kv, d), w["self_attn.k_norm.weight"], eps)
             val = (both @ w["self_attn.v_proj.weight"].T).view(-1, kv, d)
             q = rope(q, blk_pos, cfg["rope_theta"])
-            key = rope(key, torch.cat([ctx_pos, blk_pos]), cfg["rope_theta"])
+            key = rope(key, key_pos, cfg["rope_theta"])
             out = torch.empty(block_size, heads, d, dtype=x.dtype)
             for head in range(heads):
                 g = head // (heads // kv)
-                scores = (q[:, head] @ key[:, g].T) / math.sqrt(d)  # no causal mask: every query sees all
+                scores = (q[:, head] @ key[:, g].T) / math.sqrt(d)
+                scores = scores.masked_fill(~visible, float("-inf"))
                 out[:, head] = scores.softmax(-1) @ val[:, g]
             x = x + out.reshape(block_size, heads * d) @ w["self_attn.o_proj.weight"].T
             h = rms(x, w["post_attention_layernorm.weight"], eps)
             gate = torch.nn.functional.silu(h @ w["mlp.gate_proj.weight"].T)
             x = x + (gate * (h @ w["mlp.up_proj.weight"].T)) @ w["mlp.down_proj.weight"].T
         x = rms(x, weights["norm.weight"], eps)
-        logits = target.get_output_embeddings()(x[1: 1 + k])
-        return logits.argmax(-1).tolist()
+        logits = target.get_output_embeddings()(x[1: 1 + k]) * zlab_value(cfg, "output_multiplier", 1.0)
+        cap = zlab_value(cfg, "final_logit_softcapping")
+        return cap * torch.tanh(logits / cap) if cap else logits
+
+
+def reference_draft(weights, cfg, target, committed, k):
+    return reference_logits(weights, cfg, target, committed, k).argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("layers,block,taps,window", [(1, 4, [1], None), (2, 6, [0, 2], None),
@@ -364,28 +389,82 @@ def corrupt_weights(folder):
     (folder / "model.safetensors").write_bytes(b"not safetensors")
 
 
-@pytest.mark.parametrize("inside", [False, True], ids=["top-level", "dflash_config"])
-@pytest.mark.parametrize("field,value", [("output_multiplier", 0.196), ("final_logit_softcapping", 20.0),
-                                         ("input_embedding_scale", 2.0), ("is_causal", True),
-                                         ("layer_types", ["sliding_attention", "full_attention"])])
-def test_fields_of_newer_dflash_drafts_are_refused_by_name(tmp_path, field, value, inside):
-    folder = write_draft(tmp_path, seed=5)
-    set_config(folder, dflash={field: value}) if inside else set_config(folder, {field: value})
-    corrupt_weights(folder)
-    with pytest.raises(SpecdecError) as info:
-        load_draft(folder)
-    message = str(info.value)
-    assert field in message and "does not implement" in message and "use a draft without it" in message, message
+def record_drafts(decoder):
+    """(committed tokens, drafted tokens, draft probabilities or None) of every draft the proposer makes."""
+    seen = []
+    original = decoder.proposer.propose
+
+    def recording(state):
+        draft = original(state)
+        seen.append((state.tokens[0].tolist(), draft.tokens[0].tolist(), draft.probs))
+        return draft
+
+    decoder.proposer.propose = recording
+    return seen
 
 
-def test_newer_fields_asking_for_what_specdec_computes_are_accepted(tmp_path):
-    folder = write_draft(tmp_path, seed=5)
-    reference = load_draft(folder)
-    set_config(folder, {"output_multiplier": 1.0, "is_causal": False,
-                        "layer_types": ["full_attention", "full_attention"]},
-               dflash={"input_embedding_scale": 1, "final_logit_softcapping": None})
-    model = load_draft(folder)
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in reference.state_dict().items())
+NEWER_FIELDS = {  # (top-level update, dflash_config update): each honoured as z-lab's code honours it
+    "output_multiplier": ({}, {"output_multiplier": 0.3}),
+    "output_multiplier top-level": ({"output_multiplier": -0.7}, {}),  # negative: the chain is the argmin
+    "softcapping": ({}, {"final_logit_softcapping": 1.5}),
+    "softcapping top-level": ({"final_logit_softcapping": 0.8, "output_multiplier": 2.0}, {}),
+    "softcapping 0 is off": ({"final_logit_softcapping": 0.0}, {}),
+    "input_embedding_scale": ({}, {"input_embedding_scale": 3.0}),
+    "input_embedding_scale top-level": ({"input_embedding_scale": 0.25}, {}),
+    "is_causal": ({"is_causal": True}, {}),
+    "is_causal in dflash_config": ({}, {"is_causal": True}),
+    "sliding layer causal by default": ({"layer_types": ["sliding_attention", "full_attention"]}, {}),
+    "sliding layer windowed": ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 3,
+                                "use_sliding_window": True}, {}),
+    "window both ways": ({"layer_types": ["sliding_attention"] * 2, "sliding_window": 2, "use_sliding_window": True,
+                          "is_causal": False}, {}),
+    # no layer_types: transformers' Qwen3Config makes layers max_window_layers.. sliding, where a window is used
+    "max_window_layers": ({"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1,
+                           "layer_types": None}, {}),
+    "window without use_sliding_window": ({"sliding_window": 2, "layer_types": None}, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(NEWER_FIELDS))
+def test_newer_dflash_fields_are_honoured_as_zlab_defines_them(tmp_path, target, case):
+    """Each field of z-lab's newer DFlash drafts, at the top level or in dflash_config: the cached proposer's
+    greedy chain and its sampled draft distribution equal the full-recompute reference's."""
+    update, dflash = NEWER_FIELDS[case]
+    folder = write_draft(tmp_path, seed=7, block_size=5)
+    cfg = set_config(folder, update, dflash, drop=() if "is_causal" in update else ("is_causal",))
+    assert "is_causal" not in cfg["dflash_config"] or "is_causal" not in cfg
+    weights = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
+    decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=0, lookup=0)
+    seen = record_drafts(decoder)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    assert decoder.generate_ids(prompt, max_new_tokens=20).token_ids == plain_greedy(target, prompt, 20)
+    assert len(seen) >= 4
+    for committed, drafted, _ in seen:
+        assert drafted == reference_draft(weights, cfg, target, committed, len(drafted)), (case, committed)
+    seen.clear()
+    decoder.generate_ids(prompt, max_new_tokens=12, temperature=0.8, seed=1)
+    assert seen
+    for committed, drafted, probs in seen:
+        expected = (reference_logits(weights, cfg, target, committed, len(drafted)) / 0.8).softmax(-1)
+        torch.testing.assert_close(probs[0].double(), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_transforms_change_the_numbers_they_claim_to(tmp_path, target):
+    """The reference tests above could pass with a transform that does nothing: each field must move the
+    reference's own logits (and a causal or windowed layer its chain) on this draft."""
+    folder = write_draft(tmp_path, seed=7, block_size=5)
+    base_cfg = json.loads((folder / "config.json").read_text())
+    weights = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
+    committed = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    base = reference_logits(weights, base_cfg, target, committed, 4)
+    for case, (update, dflash) in NEWER_FIELDS.items():
+        cfg = json.loads(json.dumps(base_cfg))
+        cfg.update(update)
+        cfg["dflash_config"].update(dflash)
+        if "is_causal" not in update:
+            cfg.pop("is_causal")
+        moved = not torch.allclose(reference_logits(weights, cfg, target, committed, 4), base)
+        assert moved == (case not in ("softcapping 0 is off", "window without use_sliding_window")), case
 
 
 @pytest.mark.parametrize("update,dflash,message", [
@@ -398,7 +477,9 @@ def test_newer_fields_asking_for_what_specdec_computes_are_accepted(tmp_path):
     ({"some_new_knob": 3}, {}, "some_new_knob to 3, a field specdec's DFlash draft neither reads nor knows"),
     ({}, {"conv_kernel_size": 2}, "dflash_config.conv_kernel_size"),
     ({"architectures": ["DFlash2DraftModel"]}, {}, "DFlash2DraftModel, a newer kind of DFlash draft"),
-    ({"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}, {}, "max_window_layers to 1"),
+    ({"layer_types": ["full_attention", "chunked_attention"]}, {}, "layer_types holds 'chunked_attention'"),
+    ({"is_causal": "yes"}, {}, "is_causal"),
+    ({"is_causal": False}, {"is_causal": True}, "is_causal to true in dflash_config but to false at the top level"),
 ])
 def test_settings_the_draft_does_not_implement_are_refused_before_weights_load(tmp_path, target, update, dflash,
                                                                               message):
@@ -524,3 +605,36 @@ def test_a_draft_that_cannot_be_read_leaves_out_alone(tmp_path):
     set_config(folder, {"hidden_act": "gelu"})
     assert_one_error(run_export("--draft", folder, "--format", "zlab", "--out", tmp_path / "out"), "hidden_act")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("attention", [dict(is_causal=True), dict(sliding_window=3),
+                                       dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4),
+                                       dict(input_embedding_scale=2.5)])
+def test_forward_rows_is_forward_row_by_row_for_every_attention_kind(attention):
+    """The batched draft forward (rows with their own caches and context lengths, padded and masked) gives each
+    row what the single-row forward gives it, steps after steps, for causal, windowed and mixed layers."""
+    from specdec_dflash.model import DraftCache
+
+    torch.manual_seed(0)
+    model = DFlashDraftModel(make_config(**attention)).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    lengths = [5, 1, 8]
+    alone = [DraftCache(2) for _ in lengths]
+    together = [DraftCache(2) for _ in lengths]
+    n = model.config.block_size
+    done = [0] * len(lengths)
+    for step in range(3):
+        news = [length if step == 0 else 1 + (r + step) % 3 for r, length in enumerate(lengths)]
+        tapped = [torch.randn(1, c, 2 * HIDDEN, dtype=torch.float64) for c in news]
+        ctx_pos = [torch.arange(done[r], done[r] + c).unsqueeze(0) for r, c in enumerate(news)]
+        for r, c in enumerate(news):
+            done[r] += c
+        blocks = torch.randn(len(lengths), n, HIDDEN, dtype=torch.float64)
+        blk_pos = torch.stack([torch.arange(d, d + n) for d in done])
+        with torch.no_grad():
+            rows = model.forward_rows(blocks, tapped, ctx_pos, blk_pos, together)
+            for r in range(len(lengths)):
+                one = model(blocks[r: r + 1], tapped[r], ctx_pos[r], blk_pos[r: r + 1], cache=alone[r])
+                torch.testing.assert_close(rows[r: r + 1], one, rtol=1e-10, atol=1e-10)

@@ -182,6 +182,27 @@ def proposals(target, proposer: str, folder: Path, **options) -> tuple[list, lis
 
 # -- DFlash ------------------------------------------------------------------------------------------------------
 
+NEWER = dict(output_multiplier=0.5, final_logit_softcapping=3.0, input_embedding_scale=2.0)
+
+
+@pytest.mark.parametrize("attention", [
+    dict(is_causal=True),
+    dict(layer_types=["sliding_attention", "full_attention"], sliding_window=3),  # layer 0 causal and windowed
+])
+def test_dflash_export_carries_zlabs_newer_fields_or_refuses_them(tmp_path, attention):
+    source = dflash_draft(tmp_path / "src", **NEWER, **attention)
+    for fmt in ("zlab", "vllm"):
+        result = export("--draft", source, "--format", fmt, "--out", tmp_path / fmt)
+        assert result.exit_code == 0, result.output
+        first, second = load_dflash(source).config, load_dflash(tmp_path / fmt).config
+        assert [(first.causal_of(i), first.window_of(i)) for i in range(2)] == \
+            [(second.causal_of(i), second.window_of(i)) for i in range(2)], fmt
+        assert {k: getattr(second, k) for k in NEWER} == NEWER, fmt
+    result = export("--draft", source, "--format", "speculators", "--out", tmp_path / "spec")
+    assert result.exit_code == 2 and "speculators layout" in result.output
+    assert not (tmp_path / "spec").exists()
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_dflash_vllm_export_carries_exactly_what_vllm_reads(tmp_path, window):
     source = dflash_draft(tmp_path / "src", sliding_window=window)

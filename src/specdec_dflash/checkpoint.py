@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -9,13 +10,11 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.hidden_state import (
-    Setting,
     check_config_fields,
     check_taps_fit,
     check_vocabulary_fits,
     parse_config,
     read_config_json,
-    sliding_window_of,
     write_checkpoint,
 )
 from specdec.weights import check_tensors, read_safetensors
@@ -31,26 +30,12 @@ TARGET_OWNED = ("embed_tokens.weight", "lm_head.weight", "model.embed_tokens.wei
 
 #: What a DFlash config.json may hold besides DFlashConfig's own fields and specdec.hidden_state.INERT_FIELDS:
 #: the layout's own keys (read by DFlashConfig.from_checkpoint_json); `tie_word_embeddings` (inert: the draft has
-#: no embeddings or head of its own, it uses the target's); `use_sliding_window` (read: false means no window, as
-#: in transformers' Qwen configs); `max_window_layers` (checked in read_config).
+#: no embeddings or head of its own, it uses the target's); `use_sliding_window` and `max_window_layers` (read:
+#: which layers are windowed, as transformers' Qwen3Config derives them).
 LAYOUT_FIELDS = frozenset({"dflash_config", "tie_word_embeddings", "use_sliding_window", "max_window_layers"})
 
-#: z-lab's `dflash_config` keys that specdec reads
-DFLASH_CONFIG_FIELDS = frozenset({"mask_token_id", "target_layer_ids", "block_size"})
-
-#: Fields of newer DFlash drafts (z-lab's current code; DFlash2 is issue 26) that change the numbers and that this
-#: specdec does not implement: refused by name unless they ask for what it computes anyway. They may stand at the
-#: top level or in `dflash_config`.
-NEWER_SETTINGS = {
-    "output_multiplier": Setting(lambda v: v == 1, "output_multiplier 1", newer=True),
-    "input_embedding_scale": Setting(lambda v: v == 1, "input_embedding_scale 1", newer=True),
-    "final_logit_softcapping": Setting(lambda v: False, "no final_logit_softcapping", newer=True),
-    # z-lab's attention is bidirectional within the block unless is_causal says otherwise (or, when it is
-    # absent, a layer is a sliding_attention one); specdec implements only bidirectional full-attention layers
-    "is_causal": Setting(lambda v: v is False, "is_causal false", newer=True),
-    "layer_types": Setting(lambda v: isinstance(v, list) and all(t == "full_attention" for t in v),
-                           "full_attention layers", newer=True),
-}
+#: z-lab's `dflash_config` keys that specdec reads (before the same keys at the top level)
+DFLASH_CONFIG_FIELDS = frozenset(DFlashConfig.DFLASH_KEYS)
 
 #: architectures this specdec does not implement, though their configs look like DFlash's
 NEWER_ARCHITECTURES = ("DFlash2DraftModel",)
@@ -68,16 +53,15 @@ def read_config(path: str | os.PathLike) -> DFlashConfig:
         raise SpecdecError(f"{folder} holds a {newer[0]}, a newer kind of DFlash draft that this specdec does not "
                            "implement yet; use a DFlash (DFlashDraftModel) draft.")
     config_file = folder / "config.json"
+    inner = raw.get("dflash_config") or {}
+    if inner.get("is_causal") is not None and raw.get("is_causal") is not None \
+            and inner["is_causal"] != raw["is_causal"]:
+        # z-lab's code reads is_causal at the top level only, other readers dflash_config's first
+        raise SpecdecError(f"{config_file} sets is_causal to {json.dumps(inner['is_causal'])} in dflash_config but "
+                           f"to {json.dumps(raw['is_causal'])} at the top level, and readers differ on which wins; "
+                           "keep one of them.")
     read = set(DFlashConfig.model_fields) | LAYOUT_FIELDS
-    check_config_fields(config_file, KIND, raw, read, NEWER_SETTINGS,
-                        nested={"dflash_config": (DFLASH_CONFIG_FIELDS, {})})
-    window = sliding_window_of(raw)
-    if window is not None and raw.get("layer_types") is None and raw.get("max_window_layers"):
-        raise SpecdecError(f"{config_file} sets max_window_layers to {raw['max_window_layers']} with a sliding window, "
-                           "but specdec's DFlash draft applies the window to every layer when layer_types is absent; "
-                           "use a draft without max_window_layers.")
-    if window is None:
-        raw = {**raw, "sliding_window": None}
+    check_config_fields(config_file, KIND, raw, read, nested={"dflash_config": (DFLASH_CONFIG_FIELDS, {})})
     return parse_config(config_file, raw, DFlashConfig.from_checkpoint_json)
 
 

@@ -78,7 +78,9 @@ class DFlashExporter(DraftExporter):
     description = "DFlash drafts: zlab, vllm (vLLM 0.32's DFlashQwen3ForCausalLM), speculators"
 
     def contents(self, draft: Path, fmt: str, verifier: str | None = None) -> ExportedDraft:
-        read_config(draft)  # a config that cannot be read is refused before any weights load
+        draft_config = read_config(draft)  # a config that cannot be read is refused before any weights load
+        if fmt == "speculators":
+            check_speculators_can_hold(draft_config, draft)
         model = load_draft(draft)
         config, tensors = checkpoint_contents(model)
         files: dict[str, Any] = {}
@@ -176,19 +178,40 @@ def vllm_config(model) -> dict:
         "rms_norm_eps": c.rms_norm_eps, "max_position_embeddings": c.max_position_embeddings,
         "vocab_size": c.vocab_size,
         "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
-        # vLLM takes a sliding_attention layer for a causal one unless told otherwise; specdec's block attends
-        # both ways in every layer
-        "is_causal": False,
         "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids),
                           "block_size": c.block_size},
         "num_target_layers": c.num_target_layers,
     }
+    # vLLM takes a sliding_attention layer for a causal one unless told otherwise: the attention made explicit
+    causal = {c.causal_of(i) for i in range(n)}
+    if len(causal) == 1:
+        config["is_causal"] = causal.pop()
     windowed = [c.window_of(i) for i in range(n)]
     if all(w is None for w in windowed):
         config["layer_types"] = ["full_attention"] * n
-    else:  # specdec windows every layer (layer_types absent): Qwen3Config derives all-sliding layer_types from these
+    elif None in windowed:  # some layers windowed: named one by one
+        config.update(layer_types=list(c.layer_types), use_sliding_window=True, sliding_window=c.sliding_window)
+    else:  # a window on every layer: Qwen3Config derives all-sliding layer_types from these
         config.update(use_sliding_window=True, sliding_window=c.sliding_window, max_window_layers=0)
+    for key, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                         ("final_logit_softcapping", None)):
+        if getattr(c, key) != default:  # z-lab's keys, where vLLM's DFlash reads them
+            config["dflash_config"][key] = getattr(c, key)
     return config
+
+
+def check_speculators_can_hold(c, draft: Path) -> None:
+    """The speculators layout has one window and one block causality for every layer and none of z-lab's logit
+    or embedding scales: a draft that needs more is refused before anything is written."""
+    n = c.num_hidden_layers
+    if len({c.causal_of(i) for i in range(n)}) > 1 or len({c.window_of(i) for i in range(n)}) > 1:
+        raise SpecdecError(f"The draft {draft} mixes attention kinds across layers (layer_types), which the "
+                           "speculators layout cannot express; export it as --format zlab or vllm.")
+    for key, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                         ("final_logit_softcapping", None)):
+        if getattr(c, key) != default:
+            raise SpecdecError(f"The draft {draft} sets {key} to {getattr(c, key)}, which the speculators layout "
+                               "has no field for; export it as --format zlab or vllm.")
 
 
 def speculators_config(model, verifier: str | None) -> dict:
@@ -213,8 +236,8 @@ def speculators_config(model, verifier: str | None) -> dict:
         "mask_token_id": c.mask_token_id,
         "aux_hidden_state_layer_ids": list(c.target_layer_ids),
         "fusion_type": "linear",
-        "draft_sliding_window": c.sliding_window,
-        "draft_block_causal": False,
+        "draft_sliding_window": c.window_of(0),
+        "draft_block_causal": c.causal_of(0),
         "speculators_config": {
             "algorithm": "dflash",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": c.block_size - 1}],

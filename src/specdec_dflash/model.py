@@ -1,20 +1,27 @@
 """The DFlash draft model (arXiv 2602.06036), top to bottom in one file.
 
 A block of ``block_size`` positions, ``[last committed token, mask, ..., mask]``, is embedded with the
-target's embeddings and denoised in one forward pass. Every layer attends, without a causal mask, over
-the whole block and over *context features*: the target's hidden states at a few layers, fused by
-``fc`` and ``hidden_norm``, projected to keys and values by that layer's own k/v projections ("KV
-injection"). The target's LM head reads the last ``block_size - 1`` positions as draft tokens.
+target's embeddings and denoised in one forward pass. Every layer attends over the whole block (both ways,
+unless the config makes the layer causal) and over *context features*: the target's hidden states at a few
+layers, fused by ``fc`` and ``hidden_norm``, projected to keys and values by that layer's own k/v projections
+("KV injection"). The target's LM head reads the last ``block_size - 1`` positions as draft tokens. Newer
+z-lab fields (``is_causal``, ``layer_types``, ``input_embedding_scale``, ``output_multiplier``,
+``final_logit_softcapping``) mean what they mean in z-lab's current ``dflash/model.py``.
 
 Shapes: B batch, n block positions, c context positions, H hidden, h heads, g key/value heads, d head dim.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from torch import nn
+
+#: transformers' Qwen3Config default: layers from this index on are sliding_attention when layer_types is absent
+QWEN3_MAX_WINDOW_LAYERS = 28
 
 
 class DFlashConfig(BaseModel):
@@ -37,7 +44,15 @@ class DFlashConfig(BaseModel):
     vocab_size: int | None = None
     max_position_embeddings: int = 32768
     sliding_window: int | None = None
+    # "full_attention" or "sliding_attention" per layer; None: the window (if any) on every layer
     layer_types: list[str] | None = None
+    # attention inside the block: None = as z-lab's code: causal in sliding_attention layers, both ways elsewhere
+    is_causal: StrictBool | None = None
+    # z-lab's newer fields: block embeddings x input_embedding_scale; draft logits x output_multiplier, then
+    # softcapped (cap * tanh(logits / cap)) when final_logit_softcapping > 0
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> DFlashConfig:
@@ -46,8 +61,16 @@ class DFlashConfig(BaseModel):
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty")
-        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} "
+                                 "layers")
+            unknown = sorted(set(self.layer_types) - {"full_attention", "sliding_attention"})
+            if unknown:
+                raise ValueError(f"layer_types holds {unknown[0]!r}; a DFlash layer is full_attention or "
+                                 "sliding_attention")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window is {self.sliding_window}; it must be at least 1")
         return self
 
     def window_of(self, layer: int) -> int | None:
@@ -58,6 +81,17 @@ class DFlashConfig(BaseModel):
             return self.sliding_window
         return None
 
+    def causal_of(self, layer: int) -> bool:
+        """Whether block position i sees only block positions <= i in layer `layer` (the context it always sees).
+        z-lab's rule: `is_causal` where the config sets it, else causal exactly in sliding_attention layers."""
+        if self.is_causal is not None:
+            return self.is_causal
+        return self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+
+    @property
+    def transforms_logits(self) -> bool:
+        return self.output_multiplier != 1 or (self.final_logit_softcapping or 0) > 0
+
     @staticmethod
     def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
         """Evenly spread taps from layer 1 to layer L-3 (the middle layer for a one-layer draft)."""
@@ -66,14 +100,29 @@ class DFlashConfig(BaseModel):
         span = num_target_layers - 4
         return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
+    #: keys z-lab's code reads from `dflash_config` first, then from the top level
+    DFLASH_KEYS: ClassVar[tuple[str, ...]] = (
+        "mask_token_id", "target_layer_ids", "block_size", "input_embedding_scale", "output_multiplier",
+        "final_logit_softcapping", "is_causal")
+
     @classmethod
     def from_checkpoint_json(cls, raw: dict) -> DFlashConfig:
-        """Read a z-lab config.json: `block_size` top level or in `dflash_config`; `auto_map` ignored."""
+        """Read a z-lab config.json as z-lab's code does (through transformers' Qwen3Config): the DFLASH_KEYS
+        from `dflash_config` before the top level; a window only where `use_sliding_window` is true, on the
+        layers `layer_types` names sliding_attention (absent: the layers from `max_window_layers` (default 28)
+        on); `auto_map` ignored."""
         flat = {k: v for k, v in raw.items() if k not in ("auto_map", "dflash_config")}
         dflash = raw.get("dflash_config") or {}
-        for key in ("mask_token_id", "target_layer_ids", "block_size"):
+        for key in cls.DFLASH_KEYS:
             if key in dflash and dflash[key] is not None:
                 flat[key] = dflash[key]
+        window = raw.get("sliding_window") if raw.get("use_sliding_window") else None
+        flat["sliding_window"] = window
+        if flat.get("layer_types") is None and "num_hidden_layers" in flat:
+            first = raw.get("max_window_layers")
+            first = QWEN3_MAX_WINDOW_LAYERS if first is None else first
+            flat["layer_types"] = ["sliding_attention" if window is not None and i >= first else "full_attention"
+                                   for i in range(flat["num_hidden_layers"])]
         if "rope_theta" not in flat:
             rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
             if "rope_theta" in rope:
@@ -110,8 +159,16 @@ class DFlashConfig(BaseModel):
             "sliding_window": self.sliding_window,
             "use_sliding_window": self.sliding_window is not None,
         }
-        if self.layer_types is not None:
-            config["layer_types"] = list(self.layer_types)
+        n = self.num_hidden_layers
+        # spelled out, so that every reader (z-lab's code, vLLM, SGLang) resolves the same attention per layer
+        config["layer_types"] = list(self.layer_types) if self.layer_types is not None else \
+            ["sliding_attention" if self.window_of(i) is not None else "full_attention" for i in range(n)]
+        if self.is_causal is not None or self.layer_types is None:  # None with no layer_types: both ways
+            config["is_causal"] = bool(self.is_causal)
+        newer = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
+        for key, default in newer.items():
+            if getattr(self, key) != default:
+                config["dflash_config"][key] = getattr(self, key)
         return config
 
 
@@ -150,6 +207,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def block_attention_mask(context: int, n: int, window: int | None, causal: bool,
+                         device: torch.device) -> torch.Tensor | None:
+    """[n, context + n] bool, True where block position i may attend, or None where it sees everything.
+
+    The keys are the `context` positions just before the block, then the block's n; as z-lab's code has it, a
+    window lets query position p see key position p' when |p - p'| < window (p' <= p only, when causal), and
+    a causal layer lets block position i see block positions <= i."""
+    if window is None and not causal:
+        return None
+    query = context + torch.arange(n, device=device).unsqueeze(1)  # [n, 1]
+    key = torch.arange(context + n, device=device).unsqueeze(0)  # [1, c + n]
+    visible = torch.ones(n, context + n, dtype=torch.bool, device=device)
+    if causal:
+        visible &= key <= query
+    if window is not None:
+        visible &= (query - key < window) & (key - query < window)
+    return visible
+
+
 class DraftCache:
     """Per layer, the rotated keys and values of every context position the draft has seen: [B, g, c, d]."""
 
@@ -170,6 +246,7 @@ class Attention(nn.Module):
         h, g, d, hidden = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.hidden_size
         self.heads, self.kv_heads, self.head_dim = h, g, d
         self.window = config.window_of(layer)
+        self.causal = config.causal_of(layer)
         self.layer = layer
         self.q_proj = nn.Linear(hidden, h * d, bias=False)
         self.k_proj = nn.Linear(hidden, g * d, bias=False)
@@ -217,6 +294,8 @@ class Attention(nn.Module):
         q, k_block, v_block, k_ctx, v_ctx = self._project(x, context, rope_block, rope_context)
         if cache is not None:
             k_ctx, v_ctx = self._extend(cache, k_ctx, v_ctx)
+        if attention_mask is None:
+            attention_mask = block_attention_mask(k_ctx.shape[2], n, self.window, self.causal, x.device)
         k = torch.cat([k_ctx, k_block], dim=2)
         v = torch.cat([v_ctx, v_block], dim=2)
         gqa = self.heads != self.kv_heads
@@ -254,10 +333,12 @@ class Attention(nn.Module):
         v = torch.zeros_like(k)
         mask = torch.zeros(rows, 1, n, longest + n, dtype=torch.bool, device=x.device)
         for r, (k_ctx, v_ctx) in enumerate(zip(keys, values, strict=True)):
-            k[r, :, : k_ctx.shape[2]], v[r, :, : v_ctx.shape[2]] = k_ctx[0], v_ctx[0]
-            mask[r, :, :, : k_ctx.shape[2]] = True
+            c = k_ctx.shape[2]
+            k[r, :, :c], v[r, :, :c] = k_ctx[0], v_ctx[0]
+            row = block_attention_mask(c, n, self.window, self.causal, x.device)
+            mask[r, 0, :, :c] = True if row is None else row[:, :c]
+            mask[r, 0, :, longest:] = True if row is None else row[:, c:]
         k[:, :, longest:], v[:, :, longest:] = k_block, v_block
-        mask[:, :, :, longest:] = True
         gqa = self.heads != self.kv_heads
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(rows, n, self.heads * self.head_dim))
@@ -304,6 +385,21 @@ class DFlashDraftModel(nn.Module):
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
 
+    def scale_embeddings(self, block_embeds: torch.Tensor) -> torch.Tensor:
+        """The whole block's embeddings (anchor and masks) x input_embedding_scale, as z-lab's code."""
+        scale = self.config.input_embedding_scale
+        return block_embeds if scale == 1 else block_embeds * scale
+
+    def transform_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits as z-lab's `compute_logits` leaves them: x output_multiplier, then softcapped
+        (cap * tanh(logits / cap)) when final_logit_softcapping > 0; in float32 when either applies."""
+        config = self.config
+        if not config.transforms_logits:
+            return logits
+        logits = logits.float() * config.output_multiplier
+        cap = config.final_logit_softcapping or 0
+        return torch.tanh(logits / cap) * cap if cap > 0 else logits
+
     def fuse_context(self, tapped: torch.Tensor) -> torch.Tensor:
         """[B, c, len(target_layer_ids) * H] target hidden states -> [B, c, H] context features."""
         return self.hidden_norm(self.fc(tapped))
@@ -322,7 +418,7 @@ class DFlashDraftModel(nn.Module):
         context = self.fuse_context(tapped)
         rope_block = self.rotary(block_positions, dtype)
         rope_context = self.rotary(context_positions, dtype)
-        x = block_embeds
+        x = self.scale_embeddings(block_embeds)
         for layer in self.layers:
             x = layer(x, context, rope_block, rope_context, cache, attention_mask)
         return self.norm(x)
@@ -342,7 +438,7 @@ class DFlashDraftModel(nn.Module):
         context = self.fuse_context(torch.cat(tapped, dim=1))  # [1, sum c, H]: one product for every row
         rope_block = self.rotary(block_positions, dtype)
         rope_context = self.rotary(torch.cat(context_positions, dim=1), dtype)
-        x = block_embeds
+        x = self.scale_embeddings(block_embeds)
         for layer in self.layers:
             x = layer.forward_rows(x, context, counts, rope_block, rope_context, caches)
         return self.norm(x)

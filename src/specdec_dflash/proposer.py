@@ -249,7 +249,8 @@ class DFlashProposer(HiddenStateProposer):
     def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # the head scores every block position and the logits are sliced after: a bf16 matmul on the slice
         # hidden[:, 1:] (offset storage) took ~8x longer on CPU than on the whole, freshly allocated output
-        return self.target.lm_head(hidden) if self.vocab_ids is None else self.head(hidden)  # [B, n, V or V']
+        logits = self.target.lm_head(hidden) if self.vocab_ids is None else self.head(hidden)  # [B, n, V or V']
+        return self.model.transform_logits(logits)
 
     def _finish(self, job: _Job, logits: torch.Tensor) -> Draft:
         """The draft from the block's logits [B, k, V'] at slots 1..k."""

@@ -131,6 +131,12 @@ class DFlashObjective(TrainingObjective):
                 raise SpecdecError(f"The draft {init} has sliding-window layers (sliding_window "
                                    f"{draft.config.sliding_window}), which training does not support yet; "
                                    "start from a draft without a window or from random weights.")
+            causal = [i for i in range(draft.config.num_hidden_layers) if draft.config.causal_of(i)]
+            if causal:
+                # the packed training mask lets every block position see its whole block
+                raise SpecdecError(f"The draft {init} has layers causal inside the block (layers {causal}; "
+                                   "is_causal or sliding_attention layer_types), which training does not support "
+                                   "yet; start from a draft with is_causal false or from random weights.")
             if config.block_size is not None:
                 if config.block_size > draft.config.block_size:
                     raise SpecdecError(f"block_size {config.block_size} is larger than the "
@@ -192,9 +198,9 @@ class DFlashObjective(TrainingObjective):
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V'] logits over the draft vocabulary (the whole one if none was set)."""
-        if self.vocab_ids is None:
-            return self.target.lm_head(hidden)
-        return F.linear(hidden, self.head_weight, self.head_bias)
+        logits = self.target.lm_head(hidden) if self.vocab_ids is None else \
+            F.linear(hidden, self.head_weight, self.head_bias)
+        return self.draft.transform_logits(logits)
 
     def draft_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Target token ids -> draft vocabulary indices; -100 (ignored) for tokens outside it or unlabelled."""
