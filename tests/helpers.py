@@ -102,3 +102,28 @@ class RandomTreeProposer(Proposer):
                 if depth < len(truth):
                     tokens[j] = truth[depth]
         return Draft(tokens=torch.tensor([tokens], dtype=torch.long).view(1, k), parents=parents)
+
+
+def save_random_dflash2(folder, seed: int = 0, dtype=torch.float64, vocab_ids=None, **fields):
+    """A random-weight DFlash2 draft in z-lab's layout: every weight perturbed (convolutions around identity, the
+    selector's codebooks non-zero), so that each part of the architecture moves the numbers."""
+    from specdec_dflash.checkpoint import save_draft
+    from specdec_dflash.dflash2_model import DFlash2Config, DFlash2DraftModel, GroupedDynamicCausalConv
+    from specdec_dflash.vocab import save_vocab
+
+    values = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                  intermediate_size=48, block_size=6, mask_token_id=5, target_layer_ids=[0, 2], num_target_layers=4,
+                  vocab_size=128, rope_theta=10000.0, conv_kernel_size=2, conv_group_size=8, selector_rank=6,
+                  selector_top_k=5)
+    torch.manual_seed(seed)
+    model = DFlash2DraftModel(DFlash2Config(**(values | fields)))
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, GroupedDynamicCausalConv):
+                module.reset_to_identity()
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    save_draft(model, folder, dtype=dtype)
+    if vocab_ids is not None:
+        save_vocab(torch.as_tensor(vocab_ids), folder)
+    return str(folder)

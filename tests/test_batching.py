@@ -90,7 +90,7 @@ def test_registered_proposers_batched_match_each_prompt_alone(draft_dir, dflash_
     model = model_for(kind, seed, eos)
     cases = registered_cases(draft_dir, dflash_dirs, eagle_dirs)
     name, options = cases[case % len(cases)]
-    if name == "dflash" and kind != "llama":
+    if name in ("dflash", "dflash2") and kind != "llama":
         name, options = "ngram", {"candidates": 3}
     decoder = SpeculativeDecoder.from_model(model, proposer=name, **options)
     outs = decoder.generate_ids(prompts, max_new_tokens=max_new, batch_size=batch_size)

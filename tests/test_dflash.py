@@ -476,7 +476,7 @@ def test_transforms_change_the_numbers_they_claim_to(tmp_path, target):
     ({"attention_bias": True}, {}, "attention_bias to true"),
     ({"some_new_knob": 3}, {}, "some_new_knob to 3, a field specdec's DFlash draft neither reads nor knows"),
     ({}, {"conv_kernel_size": 2}, "dflash_config.conv_kernel_size"),
-    ({"architectures": ["DFlash2DraftModel"]}, {}, "DFlash2DraftModel, a newer kind of DFlash draft"),
+    ({"architectures": ["DFlash2DraftModel"]}, {}, "conv_kernel_size: Field required"),
     ({"layer_types": ["full_attention", "chunked_attention"]}, {}, "layer_types holds 'chunked_attention'"),
     ({"is_causal": "yes"}, {}, "is_causal"),
     ({"is_causal": False}, {"is_causal": True}, "is_causal to true in dflash_config but to false at the top level"),
@@ -490,9 +490,9 @@ def test_settings_the_draft_does_not_implement_are_refused_before_weights_load(t
         SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder))
 
 
-def test_a_dflash2_checkpoint_of_real_size_is_refused_at_once(tmp_path):
-    """The layout of z-lab's DFlash2 fixture (hidden 6656, 5 layers), config only: refused by its architecture,
-    in well under a second, with no weights to read."""
+def test_a_dflash2_checkpoint_of_real_size_is_read_or_refused_at_once(tmp_path, target):
+    """The layout of z-lab's DFlash2 fixture (hidden 6656, 5 layers), config only: read in well under a second
+    with every field as z-lab's code resolves it; for a target it does not fit, refused before any weights."""
     cfg = {"architectures": ["DFlash2DraftModel"], "attention_bias": False, "is_causal": False,
            "dflash_config": {"block_size": 16, "conv_group_size": 16, "conv_kernel_size": 2,
                              "final_logit_softcapping": 20.0, "mask_token_id": 201818, "output_multiplier": 0.196,
@@ -506,9 +506,20 @@ def test_a_dflash2_checkpoint_of_real_size_is_refused_at_once(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     import time
 
+    from specdec_dflash.checkpoint import read_config
+    from specdec_dflash.dflash2_model import DFlash2Config
+
     start = time.perf_counter()
-    with pytest.raises(SpecdecError, match="DFlash2DraftModel"):
-        load_draft(tmp_path)
+    config = read_config(tmp_path)
+    assert isinstance(config, DFlash2Config)
+    assert (config.conv_kernel_size, config.conv_group_size, config.selector_rank, config.selector_top_k) == \
+        (2, 16, 256, 16)
+    assert (config.output_multiplier, config.final_logit_softcapping, config.rope_theta) == (0.196, 20.0, 5e5)
+    assert [(config.causal_of(i), config.window_of(i)) for i in range(5)] == [(False, 2048)] * 5
+    with pytest.raises(SpecdecError, match="hidden size 6656 but the target has 32"):
+        SpeculativeDecoder.from_model(target, proposer="dflash2", draft=str(tmp_path))
+    with pytest.raises(SpecdecError, match="holds a DFlash2 draft .*use --proposer dflash2"):
+        SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(tmp_path))
     assert time.perf_counter() - start < 1
 
 

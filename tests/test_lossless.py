@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import plain_greedy, tiny_model
-from helpers import EmptyProposer, MaxProposer, OracleProposer, RandomProposer
+from helpers import EmptyProposer, MaxProposer, OracleProposer, RandomProposer, save_random_dflash2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +31,12 @@ def draft_dir(tmp_path_factory):
     return str(folder)
 
 
+class DraftDirs(list):
+    """DFlash draft folders, with DFlash2 ones as `.v2`."""
+
+    v2: list[str]
+
+
 @pytest.fixture(scope="module")
 def dflash_dirs(tmp_path_factory):
     """Random-weight DFlash drafts of several shapes and block sizes for the llama tiny target."""
@@ -48,6 +54,13 @@ def dflash_dirs(tmp_path_factory):
         save_draft(DFlashDraftModel(config), folder, dtype=torch.float64)
         folders.append(str(folder))
     save_vocab(torch.tensor([0, 3, 5, 7, 8, 9, 10, 64, 100, 127]), folders[-1])  # a reduced draft vocabulary
+    # DFlash2 drafts beside them (dflash_dirs.v2): a chain-only one, and one with a reduced vocabulary
+    folders = DraftDirs(folders)
+    folders.v2 = [save_random_dflash2(tmp_path_factory.mktemp("dflash2-a"), seed=1, num_target_layers=4,
+                                      target_layer_ids=[1], block_size=4, conv_kernel_size=3, conv_group_size=32),
+                  save_random_dflash2(tmp_path_factory.mktemp("dflash2-b"), seed=2, num_hidden_layers=1,
+                                      target_layer_ids=[0, 2], block_size=7, selector_top_k=4,
+                                      vocab_ids=[0, 3, 5, 7, 8, 9, 10, 64, 100, 127])]
     return folders
 
 
@@ -84,6 +97,11 @@ def registered_cases(draft_dir, dflash_dirs, eagle_dirs):
             cases += [(name, {"draft": d}) for d in dflash_dirs]  # the defaults: tree and lookup together
             cases.append((name, {"draft": dflash_dirs[1], "lookup_after": 3}))  # lookup seeded by the draft
             cases.append((name, {"draft": dflash_dirs[0], "expansion": "best_first", "tree_size": 12}))
+        elif name == "dflash2":
+            cases += [(name, {"draft": d, "tree_size": 0, "lookup": 0}) for d in dflash_dirs.v2]  # the chain
+            cases += [(name, {"draft": d}) for d in dflash_dirs.v2]  # the defaults: tree and lookup together
+            cases.append((name, {"draft": dflash_dirs.v2[1], "lookup_after": 2}))
+            cases.append((name, {"draft": dflash_dirs.v2[0], "expansion": "best_first", "tree_size": 10}))
         elif name == "eagle3":
             cases += [(name, {"draft": d, "tree_size": 0}) for d in eagle_dirs]  # chains
             cases += [(name, {"draft": d}) for d in eagle_dirs]  # the default dynamic tree
@@ -97,7 +115,7 @@ def registered_cases(draft_dir, dflash_dirs, eagle_dirs):
 
 def test_every_registered_proposer_is_covered(draft_dir, dflash_dirs, eagle_dirs):
     names = {name for name, _ in registered_cases(draft_dir, dflash_dirs, eagle_dirs)}
-    assert {"autoregressive", "ngram", "draft", "dflash", "eagle3"} <= names
+    assert {"autoregressive", "ngram", "draft", "dflash", "dflash2", "eagle3"} <= names
 
 
 prompts = st.lists(st.integers(min_value=0, max_value=127), min_size=1, max_size=12)
@@ -112,7 +130,7 @@ def test_registered_proposers_match_plain_greedy(draft_dir, dflash_dirs, eagle_d
     expected = plain_greedy(model, prompt, max_new)
     cases = registered_cases(draft_dir, dflash_dirs, eagle_dirs)
     name, options = cases[case % len(cases)]
-    if name == "dflash" and kind != "llama":
+    if name in ("dflash", "dflash2") and kind != "llama":
         name, options = "ngram", {}
     decoder = SpeculativeDecoder.from_model(model, proposer=name, **options)
     out = decoder.generate_ids(prompt, max_new_tokens=max_new)

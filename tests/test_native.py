@@ -201,6 +201,16 @@ def test_specdec_tap_hooks_do_not_stop_other_adapters_from_going_native():
     assert TargetModel(model).cache_name == "native"
 
 
+def test_transformers_output_capturing_hooks_do_not_stop_the_native_forward():
+    """transformers leaves inert output-capturing hooks on the layers after a forward with output_hidden_states
+    (a user's own call, or a reference in a test); they record only inside its own forward."""
+    model = build("llama")
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+    assert any(m._forward_hooks for m in model.modules()) or pytest.skip("this transformers leaves no hooks")
+    assert unsupported_reason(model) is None and TargetModel(model).cache_name == "native"
+
+
 def steer(module, args, output):  # a forward hook that changes activations
     return (output[0] + 0.5, *output[1:]) if isinstance(output, tuple) else output + 0.5
 

@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 from conftest import tiny_model
-from helpers import RandomProposer, RandomTreeProposer
+from helpers import RandomProposer, RandomTreeProposer, save_random_dflash2
 
 from specdec import SamplingParams, SpeculativeDecoder, TargetModel
 from specdec.sampling import logits_to_probs
@@ -97,7 +97,15 @@ def proposer_cases(tmp_path_factory, small_target):
             eagle.set_vocabulary(torch.arange(0, VOCAB, 3)[:size])
         eagle_dirs[size] = tmp_path_factory.mktemp(f"eagle{size}")
         save_eagle(eagle, eagle_dirs[size], dtype=torch.float64)
+    # DFlash2: q is the selector's over 4 candidates per slot (sparse), conditioned on the token drawn before
+    dflash2_dir = save_random_dflash2(
+        tmp_path_factory.mktemp("dflash2-8"), seed=15, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, intermediate_size=16, block_size=4, mask_token_id=7, target_layer_ids=[0],
+        num_target_layers=2, vocab_size=VOCAB, conv_group_size=4, selector_rank=3, selector_top_k=4)
     return {"autoregressive": {}, "ngram": {"num_tokens": 3, "min_n": 1, "max_n": 2},
+            "dflash2": {"draft": dflash2_dir},
+            "dflash2-chain": {"draft": dflash2_dir, "tree_size": 0, "lookup": 0},  # sampled by the selector
+            "dflash2-tree": {"draft": dflash2_dir, "tree_size": 6, "lookup": 1, "drafting": "greedy"},
             "ngram-tree": {"num_tokens": 3, "min_n": 1, "max_n": 2, "candidates": 3},
             "draft": {"draft": str(draft_dir), "num_tokens": 3}, "dflash": {"draft": str(dflash_dir)},
             "dflash-chain": {"draft": str(dflash_dir), "tree_size": 0, "lookup": 0},  # sampled drafts, with q
@@ -127,7 +135,8 @@ def test_every_registered_proposer_is_covered(proposer_cases):
 
 
 @pytest.mark.parametrize("name", ["autoregressive", "ngram", "ngram-tree", "draft", "dflash", "dflash-chain",
-                                  "dflash-vocab", "dflash-lookup", "dflash-tree", "eagle3", "eagle3-vocab",
+                                  "dflash-vocab", "dflash-lookup", "dflash-tree", "dflash2-chain", "dflash2-tree",
+                                  "eagle3", "eagle3-vocab",
                                   "eagle3-tree", "test-random", "test-random-tree"])
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.7, top_k=5, top_p=0.9)], ids=["T1", "T07k5p09"])
@@ -212,7 +221,8 @@ def test_enumeration_is_a_distribution(small_target):
     assert list(itertools.islice(range(3), 2)) == [0, 1]
 
 
-@pytest.mark.parametrize("name", ["ngram-tree", "dflash-chain", "dflash-tree", "eagle3", "test-random"])
+@pytest.mark.parametrize("name", ["ngram-tree", "dflash-chain", "dflash-tree", "dflash2-chain", "eagle3",
+                                  "test-random"])
 def test_sampled_distribution_in_batches_equals_the_targets(small_target, proposer_cases, name):
     """Rows of a batch (two prompts of different lengths, interleaved, 8 rows at a time, each with its own seed,
     the adaptive draft budget cutting drafts) sample the target's distribution."""

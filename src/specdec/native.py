@@ -45,6 +45,14 @@ def is_specdec_hook(hook: Any) -> bool:
     return bool(getattr(hook, "specdec_tap", False))
 
 
+def is_inert_hook(hook: Any) -> bool:
+    """specdec's tap hooks, and the output-capturing hooks transformers (5.x) leaves on a model's layers after
+    a forward with output_hidden_states: they only record outputs while transformers' own forward collects
+    them (they never change one), so the native forward, which collects nothing, may skip them."""
+    return is_specdec_hook(hook) or (getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
+                                     and getattr(hook, "__name__", None) == "output_capturing_hook")
+
+
 def unsupported_reason(model: nn.Module) -> str | None:
     """None when `NativeForward` reproduces this model's forward exactly; otherwise why it does not.
 
@@ -75,7 +83,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return "its config asks for bidirectional attention (is_causal=False)"
     for name, module in model.named_modules():
         hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
-        if hasattr(module, "_hf_hook") or any(not is_specdec_hook(hook) for hook in hooks):
+        if hasattr(module, "_hf_hook") or any(not is_inert_hook(hook) for hook in hooks):
             return f"module {name or 'model'} has forward hooks, which only transformers' forward would run"
     if type(model.get_output_embeddings()) is not nn.Linear:
         return "its LM head is not a plain nn.Linear"

@@ -19,6 +19,7 @@ from specdec.hidden_state import (
 )
 from specdec.weights import check_tensors, read_safetensors
 
+from .dflash2_model import DFlash2Config, DFlash2DraftModel
 from .model import DFlashConfig, DFlashDraftModel
 
 #: how messages name the checkpoint
@@ -34,24 +35,27 @@ TARGET_OWNED = ("embed_tokens.weight", "lm_head.weight", "model.embed_tokens.wei
 #: which layers are windowed, as transformers' Qwen3Config derives them).
 LAYOUT_FIELDS = frozenset({"dflash_config", "tie_word_embeddings", "use_sliding_window", "max_window_layers"})
 
-#: z-lab's `dflash_config` keys that specdec reads (before the same keys at the top level)
-DFLASH_CONFIG_FIELDS = frozenset(DFlashConfig.DFLASH_KEYS)
+#: the architecture that marks a DFlash2 draft (the rest of the config is DFlash's plus its own keys)
+DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
 
-#: architectures this specdec does not implement, though their configs look like DFlash's
-NEWER_ARCHITECTURES = ("DFlash2DraftModel",)
+#: the selector's codebooks: stored bare by z-lab's checkpoints, with `.weight` by a transformers save of its
+#: nn.Embedding version; both read
+CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+
+
+def is_dflash2(raw: dict) -> bool:
+    return DFLASH2_ARCHITECTURE in [str(a) for a in raw.get("architectures") or []]
 
 
 def read_config(path: str | os.PathLike) -> DFlashConfig:
-    """The draft's config; a field it does not honour is refused, before any weights load."""
+    """The draft's config (a DFlash2Config for a DFlash2DraftModel); a field it does not honour is refused,
+    before any weights load."""
     folder = Path(path)
     raw = read_config_json(folder, KIND)
     architectures = [str(a) for a in raw.get("architectures") or []]
     if "eagle_config" in raw or any("Eagle" in a for a in architectures):
         raise SpecdecError(f"{folder} holds an EAGLE draft, not a DFlash one; use --proposer eagle3.")
-    newer = sorted(set(architectures) & set(NEWER_ARCHITECTURES))
-    if newer:
-        raise SpecdecError(f"{folder} holds a {newer[0]}, a newer kind of DFlash draft that this specdec does not "
-                           "implement yet; use a DFlash (DFlashDraftModel) draft.")
+    config_class = DFlash2Config if is_dflash2(raw) else DFlashConfig
     config_file = folder / "config.json"
     inner = raw.get("dflash_config") or {}
     if inner.get("is_causal") is not None and raw.get("is_causal") is not None \
@@ -60,9 +64,10 @@ def read_config(path: str | os.PathLike) -> DFlashConfig:
         raise SpecdecError(f"{config_file} sets is_causal to {json.dumps(inner['is_causal'])} in dflash_config but "
                            f"to {json.dumps(raw['is_causal'])} at the top level, and readers differ on which wins; "
                            "keep one of them.")
-    read = set(DFlashConfig.model_fields) | LAYOUT_FIELDS
-    check_config_fields(config_file, KIND, raw, read, nested={"dflash_config": (DFLASH_CONFIG_FIELDS, {})})
-    return parse_config(config_file, raw, DFlashConfig.from_checkpoint_json)
+    read = set(config_class.model_fields) | LAYOUT_FIELDS
+    check_config_fields(config_file, KIND, raw, read,
+                        nested={"dflash_config": (frozenset(config_class.DFLASH_KEYS), {})})
+    return parse_config(config_file, raw, config_class.from_checkpoint_json)
 
 
 def check_against_target(config: DFlashConfig, target_hidden: int, target_layers: int, vocab_size: int,
@@ -78,6 +83,8 @@ def check_against_target(config: DFlashConfig, target_hidden: int, target_layers
 def load_weights(model: DFlashDraftModel, folder: Path) -> None:
     tensors = read_safetensors(folder, KIND)
     tensors = {k.removeprefix("model."): v for k, v in tensors.items() if k not in TARGET_OWNED}
+    tensors = {(k.removesuffix(".weight") if k.removesuffix(".weight") in CODEBOOKS else k): v
+               for k, v in tensors.items()}
     check_tensors(model.state_dict(), tensors, folder, KIND)
     model.load_state_dict(tensors, strict=True)
 
@@ -86,7 +93,7 @@ def load_draft(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> DFlashDraftModel:
     folder = Path(path)
     config = read_config(folder)
-    model = DFlashDraftModel(config)
+    model = DFlash2DraftModel(config) if isinstance(config, DFlash2Config) else DFlashDraftModel(config)
     load_weights(model, folder)
     return model.to(device=device, dtype=dtype).eval()
 

@@ -49,6 +49,7 @@ from specdec.files import OWNER_MARKER, atomic_write_json, claim_output_dir, sam
 from specdec.hidden_state import write_checkpoint
 
 from .checkpoint import checkpoint_contents, load_draft, read_config
+from .dflash2_model import DFlash2Config
 from .vocab import VOCAB_FILE, load_vocab
 
 FORMATS = ("zlab", "vllm", "speculators")
@@ -73,12 +74,17 @@ class DFlashExporter(DraftExporter):
     """DFlash drafts in z-lab's, vLLM's and the speculators layout."""
 
     name = "dflash"
-    architectures = ("DFlashDraftModel",)
+    architectures = ("DFlashDraftModel", "DFlash2DraftModel")
     formats = FORMATS
-    description = "DFlash drafts: zlab, vllm (vLLM 0.32's DFlashQwen3ForCausalLM), speculators"
+    description = ("DFlash drafts: zlab, vllm (vLLM 0.32's DFlashQwen3ForCausalLM), speculators; DFlash2 drafts: "
+                   "zlab")
 
     def contents(self, draft: Path, fmt: str, verifier: str | None = None) -> ExportedDraft:
         draft_config = read_config(draft)  # a config that cannot be read is refused before any weights load
+        if isinstance(draft_config, DFlash2Config) and fmt != "zlab":
+            # vLLM 0.32 predates DFlash2 (PR #52816) and the speculators schema has no convolution or selector
+            raise SpecdecError(f"The draft {draft} is a DFlash2 draft, which only the zlab layout holds (vLLM 0.32 "
+                               f"and the speculators schema predate DFlash2); use --format zlab.")
         if fmt == "speculators":
             check_speculators_can_hold(draft_config, draft)
         model = load_draft(draft)

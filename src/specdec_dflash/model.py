@@ -363,7 +363,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, context, rope_block, rope_context, cache, attention_mask) -> torch.Tensor:
+    def forward(self, x, context, rope_block, rope_context, cache, attention_mask, block: int) -> torch.Tensor:
+        """`block`: positions per block along x's sequence axis (one block, or training's packed blocks); a
+        DFlash layer mixes positions only by attention, so it needs no more than the mask says."""
         x = x + self.self_attn(self.input_layernorm(x), context, rope_block, rope_context, cache, attention_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -375,11 +377,14 @@ class DecoderLayer(nn.Module):
 class DFlashDraftModel(nn.Module):
     """Weights named exactly as in z-lab's checkpoints; no embeddings or LM head (they are the target's)."""
 
+    #: the decoder layer (DFlash2's adds convolutions around each sublayer)
+    layer_class: type[nn.Module] = DecoderLayer
+
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
         self.config = config
         hidden = config.hidden_size
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(config.num_hidden_layers))
         self.fc = nn.Linear(len(config.target_layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps)
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
@@ -412,6 +417,7 @@ class DFlashDraftModel(nn.Module):
         block_positions: torch.Tensor,  # [B, n]
         cache: DraftCache | None = None,
         attention_mask: torch.Tensor | None = None,  # [B, 1, n, c + n] or [n, c + n] bool (training: packed blocks)
+        block_size: int | None = None,  # positions per block when n packs several (training); None: one block
     ) -> torch.Tensor:
         """Returns the final-normed block hidden states [B, n, H]; the target's LM head turns them to logits."""
         dtype = block_embeds.dtype
@@ -419,8 +425,9 @@ class DFlashDraftModel(nn.Module):
         rope_block = self.rotary(block_positions, dtype)
         rope_context = self.rotary(context_positions, dtype)
         x = self.scale_embeddings(block_embeds)
+        block = block_size or x.shape[1]
         for layer in self.layers:
-            x = layer(x, context, rope_block, rope_context, cache, attention_mask)
+            x = layer(x, context, rope_block, rope_context, cache, attention_mask, block)
         return self.norm(x)
 
     def forward_rows(

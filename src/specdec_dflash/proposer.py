@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import count
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
@@ -31,6 +31,7 @@ from specdec.prepacked import route_through_packed
 from specdec.sampling import SamplingParams, logits_to_probs
 
 from .checkpoint import check_against_target, load_draft, read_config
+from .dflash2_model import DFlash2Config
 from .model import DFlashConfig, DraftCache
 from .vocab import head_rows_linear, load_vocab
 
@@ -86,17 +87,26 @@ def shipped_draft_available() -> bool:
 def best_first_paths(values: list[list[float]], ids: list[list[int]], size: int) -> list[list[int]]:
     """The `size` likeliest nodes of the tree whose children at depth d are slot d's candidate tokens
     (`ids[d]`, with log-probabilities `values[d]`), a node's estimate being the sum along its path; as root
+    paths, best first."""
+    return best_first_expand(lambda path: (values[len(path)], ids[len(path)]), len(ids), size)
+
+
+def best_first_expand(children: Callable[[list[int]], tuple[list[float], list[int]]], depth: int,
+                      size: int) -> list[list[int]]:
+    """The `size` likeliest nodes of a tree at most `depth` deep whose node `path` has the children
+    `children(path)` (log-probabilities, token ids), a node's estimate being the sum along its path; as root
     paths, best first. Estimates only shrink along a path, so a parent always comes before its children."""
     order = count()  # ties pop in push order: a parent before any child it pushes
-    heap = [(-values[0][r], next(order), [ids[0][r]]) for r in range(len(ids[0]))]
+    values, ids = children([])
+    heap = [(-value, next(order), [token]) for value, token in zip(values, ids, strict=True)]
     heapq.heapify(heap)
     paths: list[list[int]] = []
     while heap and len(paths) < size:
         negative, _, path = heapq.heappop(heap)
         paths.append(path)
-        depth = len(path)
-        if depth < len(ids):
-            for token, value in zip(ids[depth], values[depth], strict=True):
+        if len(path) < depth:
+            values, ids = children(path)
+            for token, value in zip(ids, values, strict=True):
                 heapq.heappush(heap, (negative - value, next(order), path + [token]))
     return paths
 
@@ -143,7 +153,10 @@ class DFlashProposer(HiddenStateProposer):
         return model is None and shipped_draft_available()
 
     def read_draft_config(self, folder: Path) -> DFlashConfig:
-        return read_config(folder)
+        config = read_config(folder)
+        if isinstance(config, DFlash2Config):
+            raise SpecdecError(f"{folder} holds a DFlash2 draft (DFlash2DraftModel); use --proposer dflash2.")
+        return config
 
     def check_sizes(self, max_context: int) -> None:
         config, limit = self.config, verify_capacity(max_context)
@@ -213,13 +226,13 @@ class DFlashProposer(HiddenStateProposer):
                 [p.cache for _, p, _ in jobs])
             logits = lead._head_logits(hidden)  # [R, n, V'] (sliced after the product, see _head_logits)
             for r, (index, proposer, job) in enumerate(jobs):
-                drafts[index] = proposer._finish(job, logits[r: r + 1, 1: 1 + job.k])
+                drafts[index] = proposer._finish(job, logits[r: r + 1, 1: 1 + job.k], hidden[r: r + 1, 1: 1 + job.k])
         return [draft for draft in drafts if draft is not None]
 
     def _single(self, job: _Job) -> Draft:
         hidden = self.model(self.target.embed_tokens(job.block), job.context.states, job.context.positions,
                             job.block_positions, cache=self.cache)
-        return self._finish(job, self._head_logits(hidden)[:, 1: 1 + job.k])
+        return self._finish(job, self._head_logits(hidden)[:, 1: 1 + job.k], hidden[:, 1: 1 + job.k])
 
     def _plan(self, state: DecodeState) -> Draft | _Job:
         """What this step drafts: a prompt-lookup draft that needs no draft forward, or the block to run."""
@@ -252,8 +265,9 @@ class DFlashProposer(HiddenStateProposer):
         logits = self.target.lm_head(hidden) if self.vocab_ids is None else self.head(hidden)  # [B, n, V or V']
         return self.model.transform_logits(logits)
 
-    def _finish(self, job: _Job, logits: torch.Tensor) -> Draft:
-        """The draft from the block's logits [B, k, V'] at slots 1..k."""
+    def _finish(self, job: _Job, logits: torch.Tensor, hidden: torch.Tensor) -> Draft:
+        """The draft from the block's logits [B, k, V'] at slots 1..k (their hidden states [B, k, H] beside:
+        DFlash2's selector reads them)."""
         state = job.state
         if job.use_tree:
             seeded_depth = state.max_draft_tokens if self.config.lookup_after and job.lookup else 0

@@ -122,10 +122,27 @@ class DFlashObjective(TrainingObjective):
 
     def __init__(self, config: Config, target: TargetModel, init: str | Path | None = None) -> None:
         super().__init__(config, target)
+        draft = self._initial_draft(config, target, init)
+        self.draft = draft.float().train()
+        self.vocab_ids: torch.Tensor | None = None
+        self.vocab_source = ""
+        if init is not None:
+            inherited = load_vocab(init, target.vocab_size)
+            if inherited is not None:
+                self._set_vocab(inherited, f"inherited from {init}")
+        self.block_size = draft.config.block_size
+        self.weights = loss_weights(self.block_size, config.gamma).to(target.device)
+        target.request_taps(list(self.draft.config.target_layer_ids))
+        for p in target.model.parameters():
+            p.requires_grad_(False)
+
+    def _initial_draft(self, config: Config, target: TargetModel, init: str | Path | None) -> DFlashDraftModel:
+        """The draft training starts from: `init`'s (checked against the target and the packed training mask),
+        or a new one shaped by the options, randomly initialised."""
         if init is not None:
             draft = load_draft(init, dtype=torch.float32, device=target.device)
             check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
-            if draft.config.sliding_window is not None:
+            if any(draft.config.window_of(i) is not None for i in range(draft.config.num_hidden_layers)):
                 # the packed training mask shows each block its whole context; such a draft would train on
                 # more context than its windowed layers see when it drafts
                 raise SpecdecError(f"The draft {init} has sliding-window layers (sliding_window "
@@ -158,18 +175,7 @@ class DFlashObjective(TrainingObjective):
             check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, "(new)")
             draft = DFlashDraftModel(draft_config).to(target.device)
             _init_weights(draft)
-        self.draft = draft.float().train()
-        self.vocab_ids: torch.Tensor | None = None
-        self.vocab_source = ""
-        if init is not None:
-            inherited = load_vocab(init, target.vocab_size)
-            if inherited is not None:
-                self._set_vocab(inherited, f"inherited from {init}")
-        self.block_size = draft.config.block_size
-        self.weights = loss_weights(self.block_size, config.gamma).to(target.device)
-        target.request_taps(list(self.draft.config.target_layer_ids))
-        for p in target.model.parameters():
-            p.requires_grad_(False)
+        return draft
 
     @property
     def module(self) -> DFlashDraftModel:
@@ -258,20 +264,33 @@ class DFlashObjective(TrainingObjective):
         context_positions = torch.arange(length, device=device).unsqueeze(0).expand(count, -1)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type in ("cpu", "cuda")):
             embeds = self.target.embed_tokens(ids).detach()
-            hidden = self.draft(embeds, tapped, context_positions, positions, attention_mask=mask)
+            hidden = self.draft(embeds, tapped, context_positions, positions, attention_mask=mask,
+                                block_size=size)
             hidden = hidden.view(count, blocks, size, -1)[:, :, 1:]  # slots 1..B-1
             logits = self.draft_logits(hidden.contiguous()).float()  # [N, A, B-1, V']
-        labels = self.draft_labels(labels)
+        target_labels, labels = labels, self.draft_labels(labels)
         valid = valid & (labels >= 0)  # a token outside the draft vocabulary cannot be drafted: no loss there
         ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none")
         weights = self.weights * valid
         per_sequence = (ce.view_as(weights) * weights).sum((1, 2)) / weights.sum((1, 2)).clamp(min=1e-6)
         loss = per_sequence.mean()
+        anchor_tokens = ids.view(count, blocks, size)[:, :, 0]
+        extra, metrics = self.extra_loss(hidden, logits, target_labels, valid, weights, anchor_tokens)
+        if extra is not None:
+            metrics["draft_loss"] = float(loss.detach())  # DFlash's own part, beside the total
+            loss = loss + extra
         with torch.no_grad():  # slot-1 accuracy (the first draft token); argmax over slot 1 only, it is not cheap
             correct = ((logits[:, :, 0].argmax(-1) == labels[:, :, 0]) & valid[:, :, 0]).sum(1)
             anchors_per_row = torch.tensor([max(a.numel(), 1) for _, a in drawn], device=device)
             accuracy = (correct / anchors_per_row).mean().item()
-        return loss, {"loss": float(loss.detach()), "accuracy": accuracy}
+        return loss, {"loss": float(loss.detach()), "accuracy": accuracy, **metrics}
+
+    def extra_loss(self, hidden: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+                   weights: torch.Tensor, anchor_tokens: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """A loss a subclass adds to DFlash's (DFlash2's selector), from the slots' final-normed states [N, A, S, H],
+        their draft logits [N, A, S, V'], the target's tokens [N, A, S] (-100: none), which slots count [N, A, S],
+        their position weights [N, A, S] and each block's anchor token [N, A]; None: nothing added."""
+        return None, {}
 
     def proposer_options(self, folder: str | Path) -> dict[str, Any]:
         # the draft's own acceptance: its argmax chain, without the tree or prompt lookup it is served with

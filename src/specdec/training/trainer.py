@@ -348,7 +348,9 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
             del window[:-20]
             rate = tokens_seen / (time.perf_counter() - started)
             last = window[-20:]
-            avg = {k: sum(m[k] for m in last) / len(last) for k in ("loss", "accuracy")}
+            # the objective's metrics (loss, accuracy and any of its own), averaged over the last 20 steps
+            keys = [k for k in last[-1] if k not in ("step", "lr", "grad_norm")]
+            avg = {k: sum(values) / len(values) for k in keys for values in [[m[k] for m in last if k in m]]}
             info_text = f"loss {avg['loss']:.3f} acc@1 {avg['accuracy']:.3f} {rate:.0f} tok/s"
             if state["history"] and "acceptance" in state["history"][-1]:
                 info_text += f" τ {state['history'][-1]['acceptance']:.2f}"
