@@ -91,7 +91,7 @@ def reference_logits(weights, cfg, target, committed, k):
                 sliding = bool(window_on) and layer >= cfg.get("max_window_layers", 28)
             else:
                 sliding = cfg["layer_types"][layer] == "sliding_attention"
-            causal = zlab_value(cfg, "is_causal")
+            causal = cfg.get("is_causal")  # z-lab reads it at the top level only
             causal = sliding if causal is None else causal
             window = cfg["sliding_window"] if sliding and cfg.get("use_sliding_window") else None
             visible = torch.ones(block_size, len(key_pos), dtype=torch.bool)
@@ -412,7 +412,8 @@ NEWER_FIELDS = {  # (top-level update, dflash_config update): each honoured as z
     "input_embedding_scale": ({}, {"input_embedding_scale": 3.0}),
     "input_embedding_scale top-level": ({"input_embedding_scale": 0.25}, {}),
     "is_causal": ({"is_causal": True}, {}),
-    "is_causal in dflash_config": ({}, {"is_causal": True}),
+    "is_causal in dflash_config agreeing with z-lab's reading": ({"layer_types": ["sliding_attention"] * 2},
+                                                                 {"is_causal": True}),
     "sliding layer causal by default": ({"layer_types": ["sliding_attention", "full_attention"]}, {}),
     "sliding layer windowed": ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 3,
                                 "use_sliding_window": True}, {}),
@@ -479,7 +480,10 @@ def test_transforms_change_the_numbers_they_claim_to(tmp_path, target):
     ({"architectures": ["DFlash2DraftModel"]}, {}, "conv_kernel_size: Field required"),
     ({"layer_types": ["full_attention", "chunked_attention"]}, {}, "layer_types holds 'chunked_attention'"),
     ({"is_causal": "yes"}, {}, "is_causal"),
-    ({"is_causal": False}, {"is_causal": True}, "is_causal to true in dflash_config but to false at the top level"),
+    ({"is_causal": False}, {"is_causal": True}, "sets dflash_config.is_causal to true, but z-lab's code reads "
+                                                "is_causal at the top level only and makes every layer bidirectional"),
+    ({"layer_types": ["sliding_attention", "full_attention"], "is_causal": None}, {"is_causal": False},
+     "makes layers \\[0\\] causal and the rest bidirectional"),
 ])
 def test_settings_the_draft_does_not_implement_are_refused_before_weights_load(tmp_path, target, update, dflash,
                                                                               message):
@@ -649,3 +653,18 @@ def test_forward_rows_is_forward_row_by_row_for_every_attention_kind(attention):
             for r in range(len(lengths)):
                 one = model(blocks[r: r + 1], tapped[r], ctx_pos[r], blk_pos[r: r + 1], cache=alone[r])
                 torch.testing.assert_close(rows[r: r + 1], one, rtol=1e-10, atol=1e-10)
+
+
+def test_a_window_asked_for_without_a_size_is_transformers_default(tmp_path):
+    folder = write_draft(tmp_path, seed=5)
+    set_config(folder, {"use_sliding_window": True, "max_window_layers": 0}, drop=("layer_types", "sliding_window"))
+    config = load_draft(folder).config
+    assert [config.window_of(i) for i in range(2)] == [4096, 4096]
+
+
+def test_masks_are_built_only_where_they_bind():
+    from specdec_dflash.model import block_attention_mask
+
+    assert block_attention_mask(3, 4, 7, False, torch.device("cpu")) is None  # every distance below 7
+    assert block_attention_mask(3, 4, 6, False, torch.device("cpu"))[3, 0].item() is False
+    assert block_attention_mask(3, 4, None, True, torch.device("cpu"))[0, 4].item() is False

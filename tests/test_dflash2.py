@@ -56,7 +56,7 @@ def reference_block(weights, cfg, target, committed):
             w = {name.split(f"layers.{layer}.", 1)[1]: t for name, t in weights.items()
                  if name.startswith(f"layers.{layer}.")}
             sliding = cfg["layer_types"][layer] == "sliding_attention"
-            causal = zlab_value(cfg, "is_causal")
+            causal = cfg.get("is_causal")  # z-lab reads it at the top level only
             causal = sliding if causal is None else causal
             window = cfg["sliding_window"] if sliding and cfg.get("use_sliding_window") else None
             gap = blk_pos.unsqueeze(1) - key_pos.unsqueeze(0)
@@ -380,3 +380,22 @@ def test_export_writes_zlabs_layout_back_and_refuses_the_others(tmp_path, target
         result = CliRunner().invoke(main, ["export", "--draft", source, "--format", fmt, "--out", str(tmp_path / fmt)])
         assert result.exit_code == 2 and "only the zlab layout holds" in result.output, result.output
         assert not (tmp_path / fmt).exists()
+
+
+def test_dflash2_is_no_default_without_a_shipped_draft_and_refuses_float16(tmp_path):
+    from specdec_dflash.dflash2_proposer import DFlash2Proposer
+
+    assert not DFlash2Proposer.default_for(None)
+    half = tiny_model("llama", seed=3).half()
+    with pytest.raises(SpecdecError, match="DFlash2 drafts overflow in float16"):
+        SpeculativeDecoder.from_model(half, proposer="dflash2", draft=save_random_dflash2(tmp_path / "d"))
+
+
+def test_both_spellings_of_a_codebook_at_once_are_refused(tmp_path, target):
+    folder = tmp_path / "d"
+    save_random_dflash2(folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["candidate_selector.successor_codebook.weight"] = tensors["candidate_selector.successor_codebook"].clone()
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(SpecdecError, match="holds both candidate_selector.successor_codebook and"):
+        SpeculativeDecoder.from_model(target, proposer="dflash2", draft=str(folder))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 from click.testing import CliRunner
 from conftest import plain_greedy, tiny_model
@@ -30,8 +31,8 @@ def test_selector_loss_is_its_brute_force_definition(tmp_path):
     with torch.no_grad():  # a selector away from its zero start
         selector.successor_codebook.copy_(torch.randn(selector.successor_codebook.shape, generator=gen))
     n, a, s, hidden_size, vocab = 2, 3, 4, 32, 128
-    hidden = torch.randn(n, a, s, hidden_size, generator=gen)
-    logits = torch.randn(n, a, s, vocab, generator=gen) * 3
+    hidden = torch.randn(n, a, s, hidden_size, generator=gen, dtype=torch.float64)  # the draft beside a float64
+    logits = torch.randn(n, a, s, vocab, generator=gen, dtype=torch.float64) * 3  # target trains in float64
     labels = torch.randint(0, vocab, (n, a, s), generator=gen)
     for i in range(n):  # most true tokens among the candidates, some not
         for j in range(a):
@@ -117,3 +118,19 @@ def test_tiny_dflash2_run_from_a_dflash_draft_lowers_loss_and_resumes(tiny_setup
     assert result.exit_code == 0, result.output
     resumed = json.loads((run / "trainer_state.json").read_text())
     assert resumed["step"] == 30 and [h["step"] for h in resumed["history"]] == [10, 20, 30]
+
+
+def test_dflash2_drafts_train_only_as_dflash2_and_keep_their_shapes(tmp_path):
+    from helpers import save_random_dflash2
+
+    from specdec import SpecdecError
+    from specdec_dflash.training import DFlashObjective
+
+    target = TargetModel(tiny_model("llama", seed=3))
+    v2 = save_random_dflash2(tmp_path / "v2", seed=1)
+    with pytest.raises(SpecdecError, match="is a DFlash2 draft; train it with --proposer dflash2"):
+        DFlashObjective(DFlashObjective.Config(), target, init=v2)
+    with pytest.raises(SpecdecError, match="has selector_rank 6; --opt selector_rank=9 cannot change"):
+        DFlash2Objective(DFlash2Objective.Config(selector_rank=9), target, init=v2)
+    same = DFlash2Objective(DFlash2Objective.Config(selector_rank=6), target, init=v2)  # agreeing: fine
+    assert same.draft.config.selector_rank == 6

@@ -4,6 +4,7 @@ a tiny end-to-end run with resume, and bad input."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -468,3 +469,181 @@ def test_a_checkpoint_killed_mid_swap_is_repaired(tmp_path):
     assert (run / "draft" / "config.json").is_file()
     with pytest.raises(SpecdecError, match="already holds a training run; pass --resume"):
         prepare_run_dir(run, resume=False, overwrite=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Distillation from the target's distribution (issue 24).
+# ---------------------------------------------------------------------------------------------------------
+def test_distillation_targets_and_loss_are_their_brute_force_definition():
+    """Top-k of the target's logits, softmax at the temperature over those k only; the draft's cross-entropy
+    against them with the targets outside the draft vocabulary dropped and the rest renormalised."""
+    from specdec_dflash.distillation import distillation_ce, soft_targets
+
+    gen = torch.Generator().manual_seed(1)
+    teacher = torch.randn(2, 3, 20, generator=gen) * 2
+    probs, ids = soft_targets(teacher, 4, 0.5)
+    for i in range(2):
+        for j in range(3):
+            row = teacher[i, j].tolist()
+            best = sorted(range(20), key=lambda t: -row[t])[:4]
+            assert ids[i, j].tolist() == best
+            norm = sum(math.exp(row[t] / 0.5) for t in best)
+            assert probs[i, j].tolist() == pytest.approx([math.exp(row[t] / 0.5) / norm for t in best], rel=1e-5)
+    logits = torch.randn(2, 3, 12, generator=gen)
+    draft_ids = torch.randint(0, 12, (2, 3, 4), generator=gen)
+    draft_ids[0, 1, 2] = -100  # one target outside the draft vocabulary
+    draft_ids[1, 2] = -100  # none inside: no loss
+    loss, inside = distillation_ce(logits, probs, draft_ids)
+    for i in range(2):
+        for j in range(3):
+            kept = [(float(probs[i, j, t]), int(draft_ids[i, j, t])) for t in range(4) if draft_ids[i, j, t] >= 0]
+            assert bool(inside[i, j]) == bool(kept)
+            if not kept:
+                assert float(loss[i, j]) == 0
+                continue
+            mass = sum(p for p, _ in kept)
+            log_norm = math.log(sum(math.exp(v) for v in logits[i, j].tolist()))
+            expected = -sum(p / mass * (float(logits[i, j, t]) - log_norm) for p, t in kept)
+            assert float(loss[i, j]) == pytest.approx(expected, rel=1e-5)
+
+
+def test_distilling_the_top_token_of_a_target_on_its_own_greedy_text_is_hard_label_training():
+    """On data the target wrote greedily, its top-1 token at the position before each slot's label is that
+    label: distill_top_k=1 gives the hard-label loss exactly (the teacher is read at the right positions)."""
+    from conftest import plain_greedy
+
+    model = tiny_model("llama", seed=4)
+    target = TargetModel(model, tiny_tokenizer())
+    batch = []
+    for prompt in ([2, 30, 3], [2, 7, 3, 8], [5, 6]):
+        tokens = prompt + plain_greedy(model, prompt, 14)
+        batch.append((torch.tensor(tokens), torch.tensor([0] * len(prompt) + [1] * 14, dtype=torch.bool)))
+    losses = []
+    for k in (0, 1):
+        torch.manual_seed(0)
+        objective = DFlashObjective(DFlashObjective.Config(num_layers=1, block_size=4, num_anchors=6, mask_token_id=4,
+                                                           distill_top_k=k, distill_temperature=0.3), target)
+        objective.draft.double()
+        losses.append(objective.batch_loss(batch, torch.Generator().manual_seed(0))[0])
+    assert losses[0] > 0 and torch.allclose(losses[1].double(), losses[0].double(), rtol=1e-6, atol=0)
+    # and with several tokens it is another loss
+    torch.manual_seed(0)
+    objective = DFlashObjective(DFlashObjective.Config(num_layers=1, block_size=4, num_anchors=6, mask_token_id=4,
+                                                       distill_top_k=5), target)
+    objective.draft.double()
+    assert not torch.allclose(objective.batch_loss(batch, torch.Generator().manual_seed(0))[0], losses[0])
+
+
+def test_tiny_distilled_run(tiny_setup):
+    root, model_dir, data_dir = tiny_setup
+    run = root / "distilled"
+    args = ["train", "--proposer", "dflash", "--model", model_dir, "--data", data_dir, "--out", str(run),
+            "--dtype", "float32", "--opt", "num_layers=1", "--opt", "block_size=4", "--opt", "num_anchors=8",
+            "--opt", "mask_token_id=4", "--opt", "distill_top_k=8", "--lr", "3e-3", "--save-every", "10",
+            "--eval-prompts", "2", "--no-progress", "--steps", "20"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    history = json.loads((run / "trainer_state.json").read_text())["history"]
+    assert history[-1]["loss"] < history[0]["loss"] and history[-1]["acceptance"] >= 1.0
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_draft_layers_initialised_from_target_layers(tmp_path, kind):
+    """init_layers: draft layer i holds target layer init_layers[i]'s weights (and q/k norms where the target
+    has them), and the draft saves, loads and drafts through the normal path, losslessly."""
+    from conftest import plain_greedy
+
+    from specdec import SpeculativeDecoder
+    from specdec.backends import decoder_layers
+
+    model = tiny_model(kind, seed=5)
+    target = TargetModel(model, tiny_tokenizer())
+    objective = DFlashObjective(DFlashObjective.Config(num_layers=2, block_size=4, mask_token_id=4,
+                                                       init_layers=[2, 0]), target)
+    layers = decoder_layers(model)
+    for draft_layer, source in zip(objective.draft.layers, (2, 0), strict=True):
+        theirs = layers[source].state_dict()
+        for name, tensor in draft_layer.state_dict().items():
+            if name in theirs:
+                assert torch.equal(tensor, theirs[name].float()), (kind, name)
+            elif name.endswith("_norm.weight"):  # a Llama target has no q/k norms: the draft's stay at one
+                assert kind == "llama" and torch.equal(tensor, torch.ones_like(tensor))
+    assert ("self_attn.q_norm.weight" in layers[0].state_dict()) == (kind == "qwen3")
+    folder = objective.save_draft(tmp_path / "draft")
+    decoder = SpeculativeDecoder.from_model(model, proposer="dflash", draft=str(folder), tree_size=0, lookup=0)
+    assert decoder.generate_ids([2, 9, 3], max_new_tokens=12).token_ids == plain_greedy(model, [2, 9, 3], 12)
+
+
+@pytest.mark.parametrize("layers,message", [([0], "names 1 target layers for a draft of 2"),
+                                            ([0, 9], "names target layers \\[9\\], but the target has 4")])
+def test_bad_init_layers_are_refused(layers, message):
+    target = TargetModel(tiny_model("llama", seed=5), tiny_tokenizer())
+    with pytest.raises(SpecdecError, match=message):
+        DFlashObjective(DFlashObjective.Config(num_layers=2, block_size=4, mask_token_id=4, init_layers=layers),
+                        target)
+
+
+def test_a_run_resumed_elsewhere_from_its_folder_alone_repeats_the_uninterrupted_run(tiny_setup, tmp_path,
+                                                                                   monkeypatch):
+    """Issue 24's long runs in pieces: a run stopped mid-epoch, its folder moved (another machine), resumed
+    from that folder and the data alone, ends with the loss curve and the weights of a run never stopped."""
+    import os
+    import shutil
+    import signal
+
+    from safetensors.torch import load_file
+
+    root, model_dir, data_dir = tiny_setup
+    common = ["train", "--proposer", "dflash", "--model", model_dir, "--data", data_dir, "--dtype", "float64",
+              "--opt", "num_layers=1", "--opt", "block_size=4", "--opt", "num_anchors=8", "--opt", "mask_token_id=4",
+              "--lr", "3e-3", "--save-every", "3", "--eval-prompts", "0", "--no-progress", "--steps", "14"]
+    whole = tmp_path / "whole"
+    assert CliRunner().invoke(main, common + ["--out", str(whole)]).exit_code == 0
+    first = tmp_path / "first"
+    calls, original = [], DFlashObjective.batch_loss
+
+    def stopped_at_step_7(self, *args):  # SIGINT during step 7, as a machine's end would send it
+        calls.append(1)
+        if len(calls) == 7 * 2:  # two sequences a step
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, *args)
+
+    monkeypatch.setattr(DFlashObjective, "batch_loss", stopped_at_step_7)
+    result = CliRunner().invoke(main, common + ["--out", str(first)])
+    assert result.exit_code == 130, result.output
+    monkeypatch.setattr(DFlashObjective, "batch_loss", original)
+    state = json.loads((first / "trainer_state.json").read_text())
+    assert state["step"] == 7 and 0 < state["position"]  # mid-epoch
+    moved = tmp_path / "elsewhere" / "run"
+    shutil.move(str(first), moved)
+    result = CliRunner().invoke(main, common + ["--out", str(moved), "--resume"])
+    assert result.exit_code == 0, result.output
+    a = json.loads((whole / "trainer_state.json").read_text())["history"]
+    b = json.loads((moved / "trainer_state.json").read_text())["history"]
+    assert [(h["step"], h["loss"]) for h in a] == [(h["step"], h["loss"]) for h in b]
+    assert [h["step"] for h in b] == [3, 6, 9, 12, 14]  # the stop's checkpoint adds no record
+    wa, wb = load_file(whole / "draft" / "model.safetensors"), load_file(moved / "draft" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_init_layers_refuses_a_layer_with_parts_a_draft_layer_lacks():
+    """A Qwen2 layer carries q/k/v biases: copying the rest would silently make another layer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).double().eval()
+    target = TargetModel(model, tiny_tokenizer())
+    with pytest.raises(SpecdecError, match="holds self_attn.k_proj.bias, which a DFlash draft layer has no place"):
+        DFlashObjective(DFlashObjective.Config(num_layers=1, block_size=4, mask_token_id=4, init_layers=[1]), target)
+
+
+def test_a_run_started_from_target_layers_resumes(tiny_setup, tmp_path):
+    root, model_dir, data_dir = tiny_setup
+    args = ["train", "--proposer", "dflash", "--model", model_dir, "--data", data_dir, "--out", str(tmp_path / "r"),
+            "--dtype", "float32", "--opt", "num_layers=1", "--opt", "block_size=4", "--opt", "num_anchors=4",
+            "--opt", "mask_token_id=4", "--opt", "init_layers=[2]", "--save-every", "2", "--eval-prompts", "1",
+            "--no-progress"]
+    assert CliRunner().invoke(main, args + ["--steps", "2"]).exit_code == 0
+    result = CliRunner().invoke(main, args + ["--steps", "4", "--resume"])
+    assert result.exit_code == 0, result.output

@@ -118,6 +118,11 @@ class TargetBackend:
         """The taps of a cache-free forward over [B, T] that stops after the deepest tap."""
         raise NotImplementedError  # pragma: no cover - interface
 
+    def taps_and_logits(self, input_ids: torch.Tensor,
+                        tap_ids: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The logits [B, T, V] and taps of a whole cache-free forward over [B, T] (distillation)."""
+        raise NotImplementedError  # pragma: no cover - interface
+
     def coverage_problem(self) -> str | None:
         """Why this backend no longer runs the model exactly (checked before each generation), or None."""
         return None
@@ -198,6 +203,11 @@ class NativeBackend(TargetBackend):
         positions = positions_after([0] * input_ids.shape[0], input_ids.shape[1], None, input_ids.device)
         _, taps = self.forward_pass(input_ids, positions, None, None, tap_ids, stop_after=max(tap_ids))
         return taps
+
+    def taps_and_logits(self, input_ids: torch.Tensor,
+                        tap_ids: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        positions = positions_after([0] * input_ids.shape[0], input_ids.shape[1], None, input_ids.device)
+        return self.forward_pass(input_ids, positions, None, None, tap_ids)
 
 
 class _TapsComplete(Exception):
@@ -294,6 +304,14 @@ class TransformersBackend(TargetBackend):
             self._stop_after = None
         taps, self._captured = self._captured, {}
         return taps
+
+    def taps_and_logits(self, input_ids: torch.Tensor,
+                        tap_ids: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        positions = positions_after([0] * input_ids.shape[0], input_ids.shape[1], None, input_ids.device)
+        self._captured = {}
+        logits = self.model(input_ids=input_ids, position_ids=positions, use_cache=False).logits
+        taps, self._captured = self._captured, {}
+        return logits, taps
 
 
 def make_backend(model: nn.Module, cache: str | type[KVCache]) -> TargetBackend:

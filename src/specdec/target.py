@@ -257,18 +257,22 @@ class TargetModel:
         return self._run(input_ids, logits_to_keep=1)
 
     @torch.inference_mode()
-    def tap_hidden_states(self, input_ids: torch.Tensor) -> TargetOutput:
+    def tap_hidden_states(self, input_ids: torch.Tensor, with_logits: bool = False) -> TargetOutput:
         """Taps only, for every position of [B, T], from a cache-free forward that stops at the deepest tap.
 
         Training needs the tapped states and nothing else: skipping the later layers and the LM head (whose
         [T, V] product costs as much as several decoder layers) makes each training step cheaper. The KV
-        cache is left untouched; `logits` is empty.
+        cache is left untouched; `logits` is empty, unless `with_logits` (distillation from the target's
+        distribution) runs the whole forward and returns them for every position.
         """
         if not self._tap_ids:
             raise SpecdecError("No hidden-state taps were requested; call request_taps(layer_ids) first.")
         with self.lock.hold(inside_ok=True):  # tap hooks on a shared model see every forward: one at a time
             if self.backend.cache is None:  # training; a live generation keeps its forward
                 self._recheck_backend()
+            if with_logits:
+                logits, taps = self.backend.taps_and_logits(input_ids, self._tap_ids)
+                return TargetOutput(logits=logits, taps=taps)
             logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)
             return TargetOutput(logits=logits, taps=self.backend.taps_only(input_ids, self._tap_ids))
 

@@ -57,17 +57,24 @@ def read_config(path: str | os.PathLike) -> DFlashConfig:
         raise SpecdecError(f"{folder} holds an EAGLE draft, not a DFlash one; use --proposer eagle3.")
     config_class = DFlash2Config if is_dflash2(raw) else DFlashConfig
     config_file = folder / "config.json"
-    inner = raw.get("dflash_config") or {}
-    if inner.get("is_causal") is not None and raw.get("is_causal") is not None \
-            and inner["is_causal"] != raw["is_causal"]:
-        # z-lab's code reads is_causal at the top level only, other readers dflash_config's first
-        raise SpecdecError(f"{config_file} sets is_causal to {json.dumps(inner['is_causal'])} in dflash_config but "
-                           f"to {json.dumps(raw['is_causal'])} at the top level, and readers differ on which wins; "
-                           "keep one of them.")
     read = set(config_class.model_fields) | LAYOUT_FIELDS
     check_config_fields(config_file, KIND, raw, read,
-                        nested={"dflash_config": (frozenset(config_class.DFLASH_KEYS), {})})
-    return parse_config(config_file, raw, config_class.from_checkpoint_json)
+                        nested={"dflash_config": (frozenset(config_class.DFLASH_KEYS) | {"is_causal"}, {})})
+    config = parse_config(config_file, raw, config_class.from_checkpoint_json)
+    inner = (raw.get("dflash_config") or {}).get("is_causal")
+    if inner is not None:
+        # z-lab's code reads is_causal at the top level only (else: causal in sliding_attention layers); some
+        # ports read dflash_config's. Where the two readings differ, which one the draft was trained with is
+        # unknowable: refused.
+        layers = [config.causal_of(i) for i in range(config.num_hidden_layers)]
+        if not isinstance(inner, bool) or any(causal != inner for causal in layers):
+            causal = [i for i, c in enumerate(layers) if c]
+            reading = ("every layer bidirectional" if not causal else "every layer causal" if len(causal) == len(layers)
+                       else f"layers {causal} causal and the rest bidirectional")
+            raise SpecdecError(f"{config_file} sets dflash_config.is_causal to {json.dumps(inner)}, but z-lab's code "
+                               f"reads is_causal at the top level only and makes {reading} inside the block here; "
+                               "move it to the top level (or delete it).")
+    return config
 
 
 def check_against_target(config: DFlashConfig, target_hidden: int, target_layers: int, vocab_size: int,
@@ -83,6 +90,9 @@ def check_against_target(config: DFlashConfig, target_hidden: int, target_layers
 def load_weights(model: DFlashDraftModel, folder: Path) -> None:
     tensors = read_safetensors(folder, KIND)
     tensors = {k.removeprefix("model."): v for k, v in tensors.items() if k not in TARGET_OWNED}
+    for name in CODEBOOKS:
+        if name in tensors and f"{name}.weight" in tensors:
+            raise SpecdecError(f"{folder} holds both {name} and {name}.weight; keep one of them.")
     tensors = {(k.removesuffix(".weight") if k.removesuffix(".weight") in CODEBOOKS else k): v
                for k, v in tensors.items()}
     check_tensors(model.state_dict(), tensors, folder, KIND)

@@ -146,13 +146,13 @@ class CandidateSelector(nn.Module):
     def edge_factors(self, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """hidden [..., S, H] final-normed slot states, candidates [..., S, k] token ids -> [..., S, k, r]:
         succ[c] * (W h), so that a slot's scores given predecessor p are unary + factors @ pred[p]."""
-        projected = self.hidden_projection(hidden)  # [..., S, r]
-        return self.successor_codebook[candidates] * projected.unsqueeze(-2)
+        projected = self.hidden_projection(hidden).float()  # [..., S, r]
+        return self.successor_codebook[candidates].float() * projected.unsqueeze(-2)  # float32, as training
 
     def scores(self, unary: torch.Tensor, factors: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """One slot's candidate scores for each of M predecessors: unary [k], factors [k, r], previous [M]
         token ids -> [M, k] (float32)."""
-        edge = self.predecessor_codebook[previous].float() @ factors.float().T  # [M, k]
+        edge = self.predecessor_codebook[previous].float() @ factors.T  # [M, k]
         return unary.float() + edge
 
 

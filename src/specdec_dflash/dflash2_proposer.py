@@ -40,6 +40,11 @@ class DFlash2Proposer(DFlashProposer):
         draft: str | None = Field(None, description="DFlash2 checkpoint folder (z-lab's layout)")
 
     def read_draft_config(self, folder: Path) -> DFlash2Config:
+        if self.target.dtype == torch.float16:
+            # z-lab's DFlash2 drafts are bf16-trained; in float16 the residual stream and the convolution's
+            # kernels overflow (vLLM's ports saw NaN and no acceptance)
+            raise SpecdecError("DFlash2 drafts overflow in float16; run the target in bfloat16 or float32 "
+                               "(--dtype bfloat16).")
         config = read_config(folder)
         if not isinstance(config, DFlash2Config):
             raise SpecdecError(f"{folder} holds a DFlash draft (DFlashDraftModel), not a DFlash2 one; use "
@@ -106,7 +111,7 @@ class DFlash2Proposer(DFlashProposer):
                 return cache[key]
 
             paths = best_first_expand(children, slots, self.config.tree_size)
-            chain = self._greedy_path(children, slots)
+            chain = self._greedy_path(children, slots) if self.config.lookup_after and job.lookup else []
         else:
             paths, chain = self._chain_paths2(unary, candidates, factors, anchor, width)
         lookup = job.found

@@ -41,7 +41,10 @@ def upgrade_to_dflash2(draft: DFlashDraftModel, conv_kernel_size: int, conv_grou
                            "codebooks need; start from a draft whose config.json has vocab_size.")
     model = DFlash2DraftModel(DFlash2Config(**fields)).to(next(draft.parameters()).device)
     missing, unexpected = model.load_state_dict(draft.state_dict(), strict=False)
-    assert not unexpected and all("conv" in k or "candidate_selector" in k for k in missing), (missing, unexpected)
+    odd = unexpected + [k for k in missing if "conv" not in k and "candidate_selector" not in k]
+    if odd:
+        raise SpecdecError(f"The DFlash draft does not map onto a DFlash2 one (tensor {odd[0]}); upgrade a draft "
+                           "written by specdec or z-lab.")
     reset_dflash2_parts(model, std)
     return model
 
@@ -58,6 +61,10 @@ def reset_dflash2_parts(model: DFlash2DraftModel, std: float = 0.02) -> None:
         torch.nn.init.normal_(selector.hidden_projection.weight, std=std)
 
 
+#: the options that shape a new DFlash2 draft's convolutions and selector
+SHAPE_OPTIONS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
 class DFlash2Objective(DFlashObjective):
     name = "dflash2"
 
@@ -70,8 +77,12 @@ class DFlash2Objective(DFlashObjective):
 
     def _initial_draft(self, config: Config, target: TargetModel, init: str | Path | None) -> DFlash2DraftModel:
         draft = super()._initial_draft(config, target, init)
-        if isinstance(draft, DFlash2DraftModel):
-            return draft  # a DFlash2 draft goes on as it is (its own conv and selector sizes)
+        if isinstance(draft, DFlash2DraftModel):  # it goes on with its own convolution and selector sizes
+            for key in sorted(set(config.model_fields_set) & set(SHAPE_OPTIONS)):
+                if getattr(config, key) != getattr(draft.config, key):
+                    raise SpecdecError(f"The draft {init} has {key} {getattr(draft.config, key)}; --opt {key}="
+                                       f"{getattr(config, key)} cannot change a trained DFlash2 draft. Drop it.")
+            return draft
         if target.hidden_size % config.conv_group_size:
             raise SpecdecError(f"conv_group_size {config.conv_group_size} does not divide the target's hidden size "
                                f"{target.hidden_size}; pass --opt conv_group_size=N with N dividing it.")

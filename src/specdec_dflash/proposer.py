@@ -150,7 +150,7 @@ class DFlashProposer(HiddenStateProposer):
 
     @classmethod
     def default_for(cls, model: str | None) -> bool:
-        return model is None and shipped_draft_available()
+        return model is None and cls.has_shipped_draft()
 
     def read_draft_config(self, folder: Path) -> DFlashConfig:
         config = read_config(folder)

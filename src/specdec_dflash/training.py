@@ -17,12 +17,14 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from specdec.backends import decoder_layers
 from specdec.errors import SpecdecError
 from specdec.target import TargetModel
 from specdec.training.data import DataDir
 from specdec.training.objective import ObjectiveConfig, TrainingObjective, target_shaped_fields
 
 from .checkpoint import check_against_target, load_draft, save_draft
+from .distillation import distillation_ce, soft_targets
 from .model import DFlashConfig, DFlashDraftModel
 from .vocab import head_rows, label_map, load_vocab, most_frequent, save_vocab
 
@@ -111,6 +113,15 @@ class DFlashObjective(TrainingObjective):
         draft_vocab_size: int | None = Field(None, ge=1, description="score only the N most frequent response "
                                              "tokens of the data (FR-Spec, EAGLE-3's d2t); default: the --init "
                                              "draft's vocabulary, else the whole vocabulary")
+        init_layers: list[int] | None = Field(None, description="new drafts: start draft layer i from target layer "
+                                              "init_layers[i] (its attention, MLP and norms; the draft's k/v "
+                                              "projections then also project the injected context); default: "
+                                              "random")
+        distill_top_k: int = Field(0, ge=0, description="0 = train on the data's tokens (hard labels); K >= 1 = on "
+                                   "the target's own next-token distribution at each slot, its K likeliest tokens "
+                                   "renormalised (computed in the same target forward that gives the taps)")
+        distill_temperature: float = Field(1.0, gt=0, description="temperature of the target's distribution when "
+                                           "distill_top_k >= 1")
         vocab_from_data: bool = Field(False, description="with --init: choose the draft vocabulary afresh from the "
                                       "data (draft_vocab_size tokens, default the init draft's count) instead of "
                                       "keeping the init draft's; its rows are the target's LM head, so nothing "
@@ -118,12 +129,14 @@ class DFlashObjective(TrainingObjective):
 
         def for_resume(self) -> DFlashObjective.Config:
             # the vocabulary was counted when the run began; a resume keeps it, even on grown data
-            return self.model_copy(update={"vocab_from_data": False})
+            # init_layers made the run's first draft; a resume starts from the run's own
+            return self.model_copy(update={"vocab_from_data": False, "init_layers": None})
 
     def __init__(self, config: Config, target: TargetModel, init: str | Path | None = None) -> None:
         super().__init__(config, target)
         draft = self._initial_draft(config, target, init)
-        self.draft = draft.float().train()
+        # float32 master weights (bf16 autocast), or float64 beside a float64 target, which autocast leaves alone
+        self.draft = draft.to(torch.float64 if target.dtype == torch.float64 else torch.float32).train()
         self.vocab_ids: torch.Tensor | None = None
         self.vocab_source = ""
         if init is not None:
@@ -140,7 +153,12 @@ class DFlashObjective(TrainingObjective):
         """The draft training starts from: `init`'s (checked against the target and the packed training mask),
         or a new one shaped by the options, randomly initialised."""
         if init is not None:
+            if config.init_layers is not None:
+                raise SpecdecError("init_layers starts a new draft from target layers, but --init names a draft to "
+                                   "start from; drop one of them.")
             draft = load_draft(init, dtype=torch.float32, device=target.device)
+            if type(draft) is not DFlashDraftModel and self.name == "dflash":
+                raise SpecdecError(f"The draft {init} is a DFlash2 draft; train it with --proposer dflash2.")
             check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
             if any(draft.config.window_of(i) is not None for i in range(draft.config.num_hidden_layers)):
                 # the packed training mask shows each block its whole context; such a draft would train on
@@ -175,6 +193,8 @@ class DFlashObjective(TrainingObjective):
             check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, "(new)")
             draft = DFlashDraftModel(draft_config).to(target.device)
             _init_weights(draft)
+            if config.init_layers is not None:
+                copy_target_layers(draft, target, config.init_layers)
         return draft
 
     @property
@@ -259,7 +279,9 @@ class DFlashObjective(TrainingObjective):
             packed = packed_attention_mask(anchors, tokens.shape[0], size)
             mask[row, 0, :used, : tokens.shape[0]] = packed[:, : tokens.shape[0]]
             mask[row, 0, :used, length: length + used] = packed[:, tokens.shape[0]:]
-        tapped = self.target.tap_hidden_states(batch_tokens).tapped(self.draft.config.target_layer_ids)
+        distill = self.config.distill_top_k
+        target_out = self.target.tap_hidden_states(batch_tokens, with_logits=bool(distill))
+        tapped = target_out.tapped(self.draft.config.target_layer_ids)
         tapped = tapped.clone()  # an inference-mode tensor cannot be saved for backward; a clone can
         context_positions = torch.arange(length, device=device).unsqueeze(0).expand(count, -1)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type in ("cpu", "cuda")):
@@ -269,8 +291,17 @@ class DFlashObjective(TrainingObjective):
             hidden = hidden.view(count, blocks, size, -1)[:, :, 1:]  # slots 1..B-1
             logits = self.draft_logits(hidden.contiguous()).float()  # [N, A, B-1, V']
         target_labels, labels = labels, self.draft_labels(labels)
-        valid = valid & (labels >= 0)  # a token outside the draft vocabulary cannot be drafted: no loss there
-        ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none")
+        if distill:  # slot k of the block at p learns the target's distribution after position p + k - 1
+            probs, teacher_ids = soft_targets(target_out.logits, distill, self.config.distill_temperature)
+            before = positions.view(count, blocks, size)[:, :, :-1].clamp(max=length - 1).flatten(1)  # [N, A*S]
+            pick = before.unsqueeze(-1).expand(-1, -1, probs.shape[-1])
+            probs = probs.gather(1, pick).view(count, blocks, size - 1, -1)
+            teacher_ids = self.draft_labels(teacher_ids.gather(1, pick).view(count, blocks, size - 1, -1))
+            ce, any_inside = distillation_ce(logits, probs, teacher_ids)
+            valid = valid & any_inside
+        else:
+            valid = valid & (labels >= 0)  # a token outside the draft vocabulary cannot be drafted: no loss there
+            ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=-100, reduction="none")
         weights = self.weights * valid
         per_sequence = (ce.view_as(weights) * weights).sum((1, 2)) / weights.sum((1, 2)).clamp(min=1e-6)
         loss = per_sequence.mean()
@@ -301,6 +332,46 @@ class DFlashObjective(TrainingObjective):
         if self.vocab_ids is not None:
             save_vocab(self.vocab_ids.cpu(), path, source=self.vocab_source)
         return path
+
+
+#: what a draft layer takes from a target layer: every tensor the two share by name and shape (Qwen3 targets
+#: also give q_norm and k_norm; a Llama target has none, and the draft's stay at one)
+LAYER_PARTS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+               "input_layernorm.weight", "post_attention_layernorm.weight")
+
+
+def copy_target_layers(draft: DFlashDraftModel, target: TargetModel, layer_ids: list[int]) -> None:
+    """Draft layer i <- target layer layer_ids[i]: the projections and norms (LAYER_PARTS, and q/k norms where
+    the target has them). Refused, with the reason, where the shapes cannot match."""
+    layers = decoder_layers(target.model)
+    if len(layer_ids) != len(draft.layers):
+        raise SpecdecError(f"init_layers names {len(layer_ids)} target layers for a draft of {len(draft.layers)}; "
+                           "name one per draft layer (--opt num_layers=N).")
+    bad = [i for i in layer_ids if not 0 <= i < len(layers)]
+    if bad:
+        raise SpecdecError(f"init_layers names target layers {bad}, but the target has {len(layers)}; use layers "
+                           f"0 to {len(layers) - 1}.")
+    for layer, source_id in zip(draft.layers, layer_ids, strict=True):
+        source = layers[source_id].state_dict()
+        mine = layer.state_dict()
+        names = [n for n in mine if n in source and source[n].shape == mine[n].shape]
+        extra = sorted(set(source) - set(names))
+        if extra:  # a bias, say: the copied layer would not compute what the target's does
+            raise SpecdecError(f"Target layer {source_id} holds {extra[0]}, which a DFlash draft layer has no place "
+                               "for; init_layers works for targets with Llama/Qwen3-style layers.")
+        norms = {type(m).__name__ for n, m in layers[source_id].named_modules() if n.endswith("layernorm")}
+        if not norms <= {"LlamaRMSNorm", "Qwen3RMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"}:
+            raise SpecdecError(f"Target layer {source_id} normalises with {sorted(norms)}, not the plain RMSNorm "
+                               "of a DFlash draft layer; init_layers works for Llama/Qwen-style targets.")
+        missing = [n for n in LAYER_PARTS if n not in names]
+        if missing:
+            raise SpecdecError(f"Target layer {source_id} has no {missing[0]} of the draft's shape "
+                               f"{tuple(mine[missing[0]].shape)}; init_layers needs the draft shaped as the target "
+                               "(leave intermediate_size at its default).")
+        with torch.no_grad():
+            for name in names:
+                mine[name].copy_(source[name])
 
 
 def _init_weights(model: DFlashDraftModel, std: float = 0.02) -> None:

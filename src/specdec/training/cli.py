@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 import sys
@@ -96,7 +97,8 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
 @click.option("--eval-every", default=0, show_default=True, type=int, help="0 = only at the end.")
 @click.option("--eval-prompts", default=8, show_default=True, type=int)
 @click.option("--max-minutes", default=None, type=float, help="Stop (with a checkpoint) after this long.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of a new draft's initialisation, the anchors and the data order.")
 @click.option("--dtype", default="auto", show_default=True, help="Dtype of the frozen target.")
 @click.option("--cache", default="auto", show_default=True,
               help="The frozen target's KV cache and forward: auto, native or dynamic (see `specdec run --help`).")
@@ -125,7 +127,14 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     get_proposer_class(proposer)
     cache_choice = resolve_cache(cache)  # an unknown name fails here, before the model loads
     objective_cls = get_objective_class(proposer)
-    options = parse_options(opts)
+    options: dict[str, object] = dict(parse_options(opts))
+    for key, value in options.items():  # a list option is written as JSON: --opt target_layer_ids=[1,14,27]
+        if isinstance(value, str) and value.strip().startswith("["):
+            try:
+                options[key] = json.loads(value)
+            except json.JSONDecodeError:
+                raise SpecdecError(f"--opt {key}={value} is not a JSON list; write it as --opt {key}=[1,2,3].") \
+                    from None
     try:
         config = objective_cls.Config.model_validate(options)
     except ValidationError as exc:
@@ -166,6 +175,7 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
         # from its trainer state
         init = os.path.join(run, "draft")
         config = config.for_resume()
+    torch.manual_seed(seed)  # a new draft's random initialisation follows --seed: a run repeats exactly
     objective = objective_cls(config, target, init=init)
     command = "specdec train " + " ".join(os.sys.argv[2:]) if os.sys.argv[1:2] == ["train"] else None
     try:

@@ -99,7 +99,8 @@ def split_sequences(data: DataDir, fraction: float, max_length: int):
 
 
 def _state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    tensors = {f"param/{k}": v.detach().float().contiguous() for k, v in module.state_dict().items()}
+    # master weights in their own dtype (float32, or float64 beside a float64 target): a resume is exact
+    tensors = {f"param/{k}": v.detach().contiguous() for k, v in module.state_dict().items()}
     names = {id(p): n for n, p in module.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -349,7 +350,7 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
             rate = tokens_seen / (time.perf_counter() - started)
             last = window[-20:]
             # the objective's metrics (loss, accuracy and any of its own), averaged over the last 20 steps
-            keys = [k for k in last[-1] if k not in ("step", "lr", "grad_norm")]
+            keys = list(dict.fromkeys(k for m in last for k in m if k not in ("step", "lr", "grad_norm")))
             avg = {k: sum(values) / len(values) for k in keys for values in [[m[k] for m in last if k in m]]}
             info_text = f"loss {avg['loss']:.3f} acc@1 {avg['accuracy']:.3f} {rate:.0f} tok/s"
             if state["history"] and "acceptance" in state["history"][-1]:

@@ -1,0 +1,55 @@
+"""Learning curves of `specdec train` runs side by side: held-out chain acceptance against training minutes,
+and the training loss against steps, one line per run folder.
+
+    python scripts/plot_learning_curves.py --run dflash=RUN_A --run dflash2=RUN_B --out curves.png
+
+Reads each run's trainer_state.json (its history: one record per checkpoint, `acceptance` where an evaluation
+ran); prints the table the plot shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def load(run: Path) -> list[dict]:
+    return json.loads((run / "trainer_state.json").read_text())["history"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", action="append", required=True, help="LABEL=RUN_FOLDER, repeatable")
+    parser.add_argument("--out", required=True, help="PNG to write")
+    parser.add_argument("--title", default="")
+    args = parser.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for spec in args.run:
+        label, _, folder = spec.partition("=")
+        history = load(Path(folder))
+        evals = [h for h in history if "acceptance" in h]
+        minutes = [h["elapsed_seconds"] / 60 for h in evals]
+        left.plot(minutes, [h["acceptance"] for h in evals], marker="o", label=label)
+        key = "draft_loss" if any("draft_loss" in h for h in history) else "loss"
+        right.plot([h["step"] for h in history], [h.get(key, h["loss"]) for h in history], label=f"{label} ({key})")
+        points = zip(minutes, evals, strict=True)
+        print(f"{label}: " + ", ".join(f"{m:.1f} min tau {h['acceptance']:.3f}" for m, h in points))
+    left.set(xlabel="training minutes (this 2-core CPU)", ylabel="held-out chain acceptance (tokens/step)")
+    right.set(xlabel="step", ylabel="training loss (DFlash's part)")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    if args.title:
+        fig.suptitle(args.title)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

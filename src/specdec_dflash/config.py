@@ -1,0 +1,163 @@
+"""A DFlash draft's hyper-parameters as z-lab's ``config.json`` holds them, resolved as z-lab's code resolves them."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+#: transformers' Qwen3Config default: layers from this index on are sliding_attention when layer_types is absent
+QWEN3_MAX_WINDOW_LAYERS = 28
+
+#: transformers' Qwen3Config default window, where `use_sliding_window` is true and `sliding_window` absent
+QWEN3_SLIDING_WINDOW = 4096
+
+
+class DFlashConfig(BaseModel):
+    """The draft's hyper-parameters, as stored in a z-lab DFlash ``config.json``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    block_size: int = Field(16, ge=2)
+    mask_token_id: int = Field(ge=0)
+    target_layer_ids: list[int]
+    num_target_layers: int = Field(gt=0)
+    vocab_size: int | None = None
+    max_position_embeddings: int = 32768
+    sliding_window: int | None = None
+    # "full_attention" or "sliding_attention" per layer; None: the window (if any) on every layer
+    layer_types: list[str] | None = None
+    # attention inside the block: None = as z-lab's code: causal in sliding_attention layers, both ways elsewhere
+    is_causal: StrictBool | None = None
+    # z-lab's newer fields: block embeddings x input_embedding_scale; draft logits x output_multiplier, then
+    # softcapped (cap * tanh(logits / cap)) when final_logit_softcapping > 0
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DFlashConfig:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} "
+                                 "layers")
+            unknown = sorted(set(self.layer_types) - {"full_attention", "sliding_attention"})
+            if unknown:
+                raise ValueError(f"layer_types holds {unknown[0]!r}; a DFlash layer is full_attention or "
+                                 "sliding_attention")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window is {self.sliding_window}; it must be at least 1")
+        return self
+
+    def window_of(self, layer: int) -> int | None:
+        """How many context positions layer `layer` sees (None: all)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    def causal_of(self, layer: int) -> bool:
+        """Whether block position i sees only block positions <= i in layer `layer` (the context it always sees).
+        z-lab's rule: `is_causal` where the config sets it, else causal exactly in sliding_attention layers."""
+        if self.is_causal is not None:
+            return self.is_causal
+        return self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+
+    @property
+    def transforms_logits(self) -> bool:
+        return self.output_multiplier != 1 or (self.final_logit_softcapping or 0) > 0
+
+    @staticmethod
+    def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+        """Evenly spread taps from layer 1 to layer L-3 (the middle layer for a one-layer draft)."""
+        if num_draft_layers == 1:
+            return [num_target_layers // 2]
+        span = num_target_layers - 4
+        return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+    #: keys z-lab's code reads from `dflash_config` first, then from the top level (`is_causal` it reads at the
+    #: top level only; specdec.checkpoint checks a `dflash_config.is_causal` against that)
+    DFLASH_KEYS: ClassVar[tuple[str, ...]] = (
+        "mask_token_id", "target_layer_ids", "block_size", "input_embedding_scale", "output_multiplier",
+        "final_logit_softcapping")
+
+    @classmethod
+    def from_checkpoint_json(cls, raw: dict) -> DFlashConfig:
+        """Read a z-lab config.json as z-lab's code does (through transformers' Qwen3Config): the DFLASH_KEYS
+        from `dflash_config` before the top level; a window only where `use_sliding_window` is true, on the
+        layers `layer_types` names sliding_attention (absent: the layers from `max_window_layers` (default 28)
+        on); `auto_map` ignored."""
+        flat = {k: v for k, v in raw.items() if k not in ("auto_map", "dflash_config")}
+        dflash = raw.get("dflash_config") or {}
+        for key in cls.DFLASH_KEYS:
+            if key in dflash and dflash[key] is not None:
+                flat[key] = dflash[key]
+        # transformers' default window is 4096 where use_sliding_window asks for one and none is named
+        window = raw.get("sliding_window", QWEN3_SLIDING_WINDOW) if raw.get("use_sliding_window") else None
+        flat["sliding_window"] = window
+        if flat.get("layer_types") is None and "num_hidden_layers" in flat:
+            first = raw.get("max_window_layers")
+            first = QWEN3_MAX_WINDOW_LAYERS if first is None else first
+            flat["layer_types"] = ["sliding_attention" if window is not None and i >= first else "full_attention"
+                                   for i in range(flat["num_hidden_layers"])]
+        if "rope_theta" not in flat:
+            rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+            if "rope_theta" in rope:
+                flat["rope_theta"] = rope["rope_theta"]
+        if not flat.get("target_layer_ids") and "num_target_layers" in flat and "num_hidden_layers" in flat:
+            flat["target_layer_ids"] = cls.default_target_layer_ids(flat["num_target_layers"],
+                                                                    flat["num_hidden_layers"])
+        return cls.model_validate(flat)
+
+    def to_checkpoint_json(self) -> dict:
+        """The z-lab layout, which z-lab's code, vLLM and SGLang (`method: dflash`) read."""
+        config = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "num_target_layers": self.num_target_layers,
+            "block_size": self.block_size,
+            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
+                              "block_size": self.block_size},
+            "sliding_window": self.sliding_window,
+            "use_sliding_window": self.sliding_window is not None,
+        }
+        n = self.num_hidden_layers
+        # spelled out, so that every reader (z-lab's code, vLLM, SGLang) resolves the same attention per layer
+        config["layer_types"] = list(self.layer_types) if self.layer_types is not None else \
+            ["sliding_attention" if self.window_of(i) is not None else "full_attention" for i in range(n)]
+        if self.is_causal is not None or self.layer_types is None:  # None with no layer_types: both ways
+            config["is_causal"] = bool(self.is_causal)
+        newer = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
+        for key, default in newer.items():
+            if getattr(self, key) != default:
+                config["dflash_config"][key] = getattr(self, key)
+        return config
