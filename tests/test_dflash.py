@@ -76,7 +76,10 @@ def reference_logits(weights, cfg, target, committed, k):
     eps = cfg["rms_norm_eps"]
     with torch.no_grad():
         states = target(torch.tensor([committed]), output_hidden_states=True).hidden_states
-        raw = torch.cat([states[i + 1][0, :-1] for i in zlab_value(cfg, "target_layer_ids")], dim=-1)
+        taps = [states[i + 1][0, :-1] for i in zlab_value(cfg, "target_layer_ids")]
+        if cfg["dflash_config"].get("tap_norm"):  # specdec's own option: each tap RMS-normed before fc
+            taps = [rms(tap, weights[f"tap_norms.{j}.weight"], eps) for j, tap in enumerate(taps)]
+        raw = torch.cat(taps, dim=-1)
         context = rms(raw @ weights["fc.weight"].T, weights["hidden_norm.weight"], eps)
         block_size = zlab_value(cfg, "block_size")
         c = len(committed)

@@ -42,6 +42,11 @@ class DFlashConfig(BaseModel):
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    # specdec's own (not z-lab's): each tapped hidden state RMS-normalised, with its own weight, before `fc`.
+    # The target's residual stream grows with depth and spikes at position 0 (RMS ~1000 in SmolLM2), so
+    # unnormalised taps reach `fc` on very different scales. z-lab's code, vLLM and SGLang have no such norm:
+    # specdec refuses to export a draft that uses it to their layouts.
+    tap_norm: StrictBool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> DFlashConfig:
@@ -93,7 +98,7 @@ class DFlashConfig(BaseModel):
     #: top level only; specdec.checkpoint checks a `dflash_config.is_causal` against that)
     DFLASH_KEYS: ClassVar[tuple[str, ...]] = (
         "mask_token_id", "target_layer_ids", "block_size", "input_embedding_scale", "output_multiplier",
-        "final_logit_softcapping")
+        "final_logit_softcapping", "tap_norm")
 
     @classmethod
     def from_checkpoint_json(cls, raw: dict) -> DFlashConfig:
@@ -156,7 +161,8 @@ class DFlashConfig(BaseModel):
             ["sliding_attention" if self.window_of(i) is not None else "full_attention" for i in range(n)]
         if self.is_causal is not None or self.layer_types is None:  # None with no layer_types: both ways
             config["is_causal"] = bool(self.is_causal)
-        newer = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
+        newer = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None,
+                 "tap_norm": False}
         for key, default in newer.items():
             if getattr(self, key) != default:
                 config["dflash_config"][key] = getattr(self, key)

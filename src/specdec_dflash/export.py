@@ -85,6 +85,10 @@ class DFlashExporter(DraftExporter):
             # vLLM 0.32 predates DFlash2 (PR #52816) and the speculators schema has no convolution or selector
             raise SpecdecError(f"The draft {draft} is a DFlash2 draft, which only the zlab layout holds (vLLM 0.32 "
                                f"and the speculators schema predate DFlash2); use --format zlab.")
+        if draft_config.tap_norm and fmt != "zlab":
+            raise SpecdecError(f"The draft {draft} normalises its taps (tap_norm, specdec's own option), which "
+                               f"--format {fmt} has no field for and its readers would skip, drafting wrong; keep "
+                               "it in specdec's zlab layout, or train the draft without --opt normalize_taps.")
         if fmt == "speculators":
             check_speculators_can_hold(draft_config, draft)
         model = load_draft(draft)

@@ -234,6 +234,9 @@ class DFlashDraftModel(nn.Module):
         self.config = config
         hidden = config.hidden_size
         self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(config.num_hidden_layers))
+        # specdec's tap_norm option (see DFlashConfig): one RMSNorm per tapped layer, before the fusion
+        self.tap_norms = nn.ModuleList(RMSNorm(hidden, config.rms_norm_eps) for _ in config.target_layer_ids) \
+            if config.tap_norm else None
         self.fc = nn.Linear(len(config.target_layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps)
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
@@ -256,6 +259,9 @@ class DFlashDraftModel(nn.Module):
 
     def fuse_context(self, tapped: torch.Tensor) -> torch.Tensor:
         """[B, c, len(target_layer_ids) * H] target hidden states -> [B, c, H] context features."""
+        if self.tap_norms is not None:
+            taps = tapped.chunk(len(self.tap_norms), dim=-1)  # [B, c, H] each, in target_layer_ids' order
+            tapped = torch.cat([norm(tap) for norm, tap in zip(self.tap_norms, taps, strict=True)], dim=-1)
         return self.hidden_norm(self.fc(tapped))
 
     def forward(

@@ -117,6 +117,9 @@ class DFlashObjective(TrainingObjective):
                                               "init_layers[i] (its attention, MLP and norms; the draft's k/v "
                                               "projections then also project the injected context); default: "
                                               "random")
+        normalize_taps: bool | None = Field(None, description="RMS-normalise each tapped hidden state (its own "
+                                            "weight) before the fusion layer (specdec's own: z-lab's layout has no "
+                                            "place for it); default: off for new drafts, the --init draft's own")
         distill_top_k: int = Field(0, ge=0, description="0 = train on the data's tokens (hard labels); K >= 1 = on "
                                    "the target's own next-token distribution at each slot, its K likeliest tokens "
                                    "renormalised (computed in the same target forward that gives the taps)")
@@ -172,6 +175,10 @@ class DFlashObjective(TrainingObjective):
                 raise SpecdecError(f"The draft {init} has layers causal inside the block (layers {causal}; "
                                    "is_causal or sliding_attention layer_types), which training does not support "
                                    "yet; start from a draft with is_causal false or from random weights.")
+            if config.normalize_taps is not None and config.normalize_taps != draft.config.tap_norm:
+                raise SpecdecError(f"normalize_taps={str(config.normalize_taps).lower()}, but the draft {init} was "
+                                   f"trained with tap_norm {str(draft.config.tap_norm).lower()}; drop the option "
+                                   "or start from random weights.")
             if config.block_size is not None:
                 if config.block_size > draft.config.block_size:
                     raise SpecdecError(f"block_size {config.block_size} is larger than the "
@@ -189,6 +196,7 @@ class DFlashObjective(TrainingObjective):
                 mask_token_id=config.mask_token_id if config.mask_token_id is not None
                 else pick_mask_token(target.tokenizer),
                 target_layer_ids=layer_ids,
+                tap_norm=bool(config.normalize_taps),
             )
             check_against_target(draft_config, target.hidden_size, target.num_layers, target.vocab_size, "(new)")
             draft = DFlashDraftModel(draft_config).to(target.device)

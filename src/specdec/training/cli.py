@@ -96,7 +96,9 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
 @click.option("--save-every", default=100, show_default=True, type=int)
 @click.option("--eval-every", default=0, show_default=True, type=int, help="0 = only at the end.")
 @click.option("--eval-prompts", default=8, show_default=True, type=int)
-@click.option("--max-minutes", default=None, type=float, help="Stop (with a checkpoint) after this long.")
+@click.option("--max-minutes", default=None, type=float,
+              help="Stop (with a checkpoint) after this many minutes of training (evaluation and checkpoint "
+              "writes are not counted); the cosine schedule runs over this budget.")
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of a new draft's initialisation, the anchors and the data order.")
 @click.option("--dtype", default="auto", show_default=True, help="Dtype of the frozen target.")

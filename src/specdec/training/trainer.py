@@ -297,6 +297,12 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
         generator.set_state(tensors["rng/generator"])
     started = time.perf_counter()
     elapsed_before = state["elapsed"]
+    # the budget (max_minutes, the cosine's clock, elapsed_seconds) counts training only: evaluation and
+    # checkpoint writes are left out, so runs that evaluate more often or save bigger drafts train as long
+    not_training = 0.0
+
+    def training_seconds() -> float:
+        return elapsed_before + time.perf_counter() - started - not_training
     window: list[dict[str, float]] = list(state.pop("window", []))  # the progress average spans a resume
     tokens_seen = 0
 
@@ -314,7 +320,7 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
     with guard, Progress(*columns, disable=not progress or rank != 0) as bar:
         task = bar.add_task("train", total=settings.steps, completed=state["step"], info="")
         while state["step"] < settings.steps:
-            state["elapsed"] = elapsed_before + time.perf_counter() - started
+            state["elapsed"] = training_seconds()
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(state["step"], settings, state["elapsed"])
             optimizer.zero_grad(set_to_none=True)
@@ -347,7 +353,7 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
             summary.update(step=state["step"], lr=optimizer.param_groups[0]["lr"], grad_norm=grad_norm)
             window.append(summary)
             del window[:-20]
-            rate = tokens_seen / (time.perf_counter() - started)
+            rate = tokens_seen / max(time.perf_counter() - started - not_training, 1e-9)
             last = window[-20:]
             # the objective's metrics (loss, accuracy and any of its own), averaged over the last 20 steps
             keys = list(dict.fromkeys(k for m in last for k in m if k not in ("step", "lr", "grad_norm")))
@@ -356,11 +362,12 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
             if state["history"] and "acceptance" in state["history"][-1]:
                 info_text += f" τ {state['history'][-1]['acceptance']:.2f}"
             bar.update(task, completed=state["step"], info=info_text)
-            state["elapsed"] = elapsed_before + time.perf_counter() - started
+            state["elapsed"] = training_seconds()
             out_of_time = settings.max_minutes is not None and state["elapsed"] > 60 * settings.max_minutes
             done = state["step"] >= settings.steps or out_of_time
             saved_now = rank == 0 and (state["step"] % settings.save_every == 0 or done)
             if saved_now:
+                paused_at = time.perf_counter()
                 record = {"step": state["step"], "epoch": state["epoch"], **avg, "tokens_per_second": rate,
                           "elapsed_seconds": state["elapsed"], "lr": summary["lr"]}
                 if done or (settings.eval_every and state["step"] % settings.eval_every == 0):
@@ -370,6 +377,7 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
                 save_checkpoint(run, objective, optimizer, {**state, "window": window}, generator)
                 if not progress:
                     print(json.dumps(record), flush=True)
+                not_training += time.perf_counter() - paused_at
             if out_of_time:
                 break
             if guard.signum is not None and not done:
