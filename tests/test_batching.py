@@ -207,17 +207,51 @@ def test_batching_needs_a_cache_with_ragged_rows():
     assert [o.token_ids for o in outs] == [plain_greedy(model, [1, 2], 6), plain_greedy(model, [3], 6)]
 
 
-@pytest.mark.parametrize("options", [{"tree_size": 0, "lookup": 0}, {}], ids=["chain", "defaults"])
-def test_dflash_drafts_every_row_in_one_forward_as_it_drafts_each_alone(dflash_dirs, options):  # noqa: F811
-    """propose_batch (one draft forward for every row, each with its own cache and context length) drafts what
-    propose does row by row: with the budget pinned, each row accepts exactly as much at every step."""
+@pytest.mark.parametrize("name,options", [("dflash", {"tree_size": 0, "lookup": 0}), ("dflash", {}),
+                                          ("eagle3", {"tree_size": 0}), ("eagle3", {}),
+                                          ("eagle3", {"tree_size": 9, "tree_width": 3, "num_tokens": 4})],
+                         ids=["dflash-chain", "dflash-defaults", "eagle3-chain", "eagle3-tree", "eagle3-tree-wide"])
+def test_one_draft_forward_for_every_row_drafts_as_each_row_alone(dflash_dirs, eagle_dirs, name, options,  # noqa: F811
+                                                                  monkeypatch):
+    """propose_batch (one draft forward for every row, each with its own cache and context length; for
+    eagle3, one per depth for every row's chain or tree) drafts what propose does row by row: with the budget
+    pinned, each row drafts the same tokens (and tree) after the same committed tokens, and accepts exactly as
+    much at every step."""
     model = model_for("llama", 1, None)
     prompts = [[7, 8, 9, 10, 7, 8, 9], [1, 2], [3, 4, 5, 6, 3, 4], [11]]
-    decoder = SpeculativeDecoder.from_model(model, proposer="dflash", draft=dflash_dirs[1], **options)
+    draft = dflash_dirs[1] if name == "dflash" else eagle_dirs[1]
+    decoder = SpeculativeDecoder.from_model(model, proposer=name, draft=draft, **options)
+    cls, seen = type(decoder.proposer), []
+    original = cls.propose_batch.__func__
+
+    def recording(klass, proposers, states):
+        drafts = original(klass, proposers, states)
+        seen.extend((tuple(s.tokens[0].tolist()), d.tokens.tolist(), d.parents)
+                    for s, d in zip(states, drafts, strict=True))
+        return drafts
+
+    monkeypatch.setattr(cls, "propose", lambda self, state: recording(cls, [self], [state])[0])
+    monkeypatch.setattr(cls, "propose_batch", classmethod(recording))
     together = decoder.generate_ids(prompts, max_new_tokens=20, batch_size=3, draft_budget=64)
+    drafted_together, seen[:] = list(seen), []
     alone = [decoder.generate_ids(p, max_new_tokens=20) for p in prompts]
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert [o.stats.acceptance_lengths for o in together] == [o.stats.acceptance_lengths for o in alone]
+    assert sorted(drafted_together) == sorted(seen) and len(seen) > len(prompts)
+
+
+@pytest.mark.parametrize("drafting", ["sample", "greedy"])
+def test_eagle3_sampled_rows_drafted_together_equal_each_prompt_alone(eagle_dirs, drafting):  # noqa: F811
+    """Sampled rows drafted in one forward per depth draw from their own generators: each row's output is the
+    prompt's sampled output alone, with the same seed and budget."""
+    model = model_for("llama", 2, None)
+    prompts = [[7, 8, 9, 10, 7, 8, 9], [1, 2], [3, 4, 5, 6, 3, 4], [11], [5, 5]]
+    decoder = SpeculativeDecoder.from_model(model, proposer="eagle3", draft=eagle_dirs[0], drafting=drafting)
+    alone = [decoder.generate_ids(p, max_new_tokens=12, temperature=0.9, seed=5, draft_budget=4).token_ids
+             for p in prompts]
+    together = decoder.generate_ids(prompts, max_new_tokens=12, temperature=0.9, seed=5, batch_size=4,
+                                    draft_budget=4)
+    assert [o.token_ids for o in together] == alone
 
 
 @settings(max_examples=30, deadline=None)

@@ -171,6 +171,13 @@ class Eagle3Cache:
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 
 
+def causal_after(past: int, n: int, device: torch.device) -> torch.Tensor:
+    """[n, past + n] bool: n new positions see every cached one and, among themselves, their predecessors."""
+    mask = torch.ones(n, past + n, dtype=torch.bool, device=device)
+    mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    return mask
+
+
 class Attention(nn.Module):
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__()
@@ -312,13 +319,38 @@ class Eagle3DraftModel(nn.Module):
         otherwise (a tree's nodes see only their ancestors). Returns the outputs [B, n, H] that are both
         the next feature and, through `logits`, the prediction of token i + 2."""
         layer = self.midlayer
-        n, past = embeds.shape[1], cache.length()
+        n = embeds.shape[1]
         if mask is None and n > 1:
-            mask = torch.ones(n, past + n, dtype=torch.bool, device=embeds.device)
-            mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=embeds.device).tril()
+            mask = causal_after(cache.length(), n, embeds.device)
         rope = self.rotary(positions, embeds.dtype)
         attended = layer.self_attn(layer.joined(embeds, features), rope, cache, mask)
         return layer.finish(features, attended)
+
+    def forward_rows(
+        self,
+        embeds: torch.Tensor,  # [1, S, H] every row's new positions, row after row (S = sum of counts)
+        features: torch.Tensor,  # [1, S, H]
+        positions: torch.Tensor,  # [1, S]
+        counts: list[int],  # n_r new positions per row
+        caches: list[Eagle3Cache],  # one per row
+        masks: list[torch.Tensor | None],  # per row [n_r, c_r + n_r] bool, or None: causal
+    ) -> torch.Tensor:
+        """`forward` for R sequences at once, each with its own cache, count and mask: the projections, the MLP
+        and (through `logits`) the head run once over every row's positions; attention row by row. Returns the
+        outputs [1, S, H]."""
+        layer, attn = self.midlayer, self.midlayer.self_attn
+        q, k, v = attn.project(layer.joined(embeds, features), self.rotary(positions, embeds.dtype))
+        out, start = [], 0  # q [1, h, S, d]; k, v [1, g, S, d]
+        for cache, n, mask in zip(caches, counts, masks, strict=True):
+            if mask is None and n > 1:
+                mask = causal_after(cache.length(), n, embeds.device)
+            rows = slice(start, start + n)
+            keys, values = cache.append(k[:, :, rows].contiguous(), v[:, :, rows].contiguous())
+            mask = None if mask is None else mask.to(embeds.device)
+            out.append(F.scaled_dot_product_attention(q[:, :, rows], keys, values, attn_mask=mask,
+                                                      enable_gqa=attn.heads != attn.kv_heads))
+            start += n
+        return layer.finish(features, attn.output(torch.cat(out, dim=2)))
 
     def forward_unrolled(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                          earlier: list[tuple[torch.Tensor, torch.Tensor]]):
