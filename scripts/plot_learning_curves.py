@@ -4,7 +4,9 @@ and the training loss against steps, one line per run folder.
     python scripts/plot_learning_curves.py --run dflash=RUN_A --run dflash2=RUN_B --out curves.png
 
 Reads each run's trainer_state.json (its history: one record per checkpoint, `acceptance` where an evaluation
-ran); prints the table the plot shows.
+ran); prints the points the plot shows and a markdown table of each run's end. `--right accuracy` draws the
+slot-1 accuracy on training blocks (comparable between hard-label and distillation runs, whose losses are
+not) instead of the loss.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ def main() -> None:
     parser.add_argument("--run", action="append", required=True, help="LABEL=RUN_FOLDER, repeatable")
     parser.add_argument("--out", required=True, help="PNG to write")
     parser.add_argument("--title", default="")
+    parser.add_argument("--right", choices=("loss", "accuracy"), default="loss",
+                        help="what the right panel draws against steps")
     args = parser.parse_args()
     import matplotlib
 
@@ -30,18 +34,32 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    rows: list[str] = []
     for spec in args.run:
         label, _, folder = spec.partition("=")
         history = load(Path(folder))
         evals = [h for h in history if "acceptance" in h]
         minutes = [h["elapsed_seconds"] / 60 for h in evals]
         left.plot(minutes, [h["acceptance"] for h in evals], marker="o", label=label)
-        key = "draft_loss" if any("draft_loss" in h for h in history) else "loss"
-        right.plot([h["step"] for h in history], [h.get(key, h["loss"]) for h in history], label=f"{label} ({key})")
+        if args.right == "accuracy":
+            key = "accuracy"
+            right.plot([h["step"] for h in history], [h["accuracy"] for h in history], label=label)
+        else:
+            key = "draft_loss" if any("draft_loss" in h for h in history) else "loss"
+            right.plot([h["step"] for h in history], [h.get(key, h["loss"]) for h in history],
+                       label=f"{label} ({key})")
         points = zip(minutes, evals, strict=True)
         print(f"{label}: " + ", ".join(f"{m:.1f} min tau {h['acceptance']:.3f}" for m, h in points))
+        last = history[-1]
+        rows.append(f"| {label} | {last['step']} | {last['elapsed_seconds'] / 60:.1f} | "
+                    f"{last['elapsed_seconds'] / last['step']:.2f} | {evals[-1]['acceptance']:.3f} | "
+                    f"{max(h['acceptance'] for h in evals):.3f} | {last['accuracy']:.3f} |")
+    print("\n| run | steps | training minutes | s/step | held-out acceptance (end) | best | slot-1 accuracy "
+          "(last 20 steps) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\n".join(rows))
     left.set(xlabel="training minutes (this 2-core CPU)", ylabel="held-out chain acceptance (tokens/step)")
-    right.set(xlabel="step", ylabel="training loss (DFlash's part)")
+    right.set(xlabel="step", ylabel="slot-1 accuracy on training blocks" if args.right == "accuracy"
+              else "training loss (DFlash's part)")
     for axis in (left, right):
         axis.grid(alpha=0.3)
         axis.legend()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import torch
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .contracts import DecodeState, Proposer, ProposerConfig, Target, TargetOutput, Verdict
 from .errors import SpecdecError
@@ -38,6 +38,29 @@ class TapsConfig(Protocol):
 
     @property
     def num_target_layers(self) -> int: ...
+
+
+class DraftLayerConfig(BaseModel):
+    """The shape of a Llama/Qwen-style draft decoder layer, named as checkpoints' config.json names it: the
+    fields every hidden-state draft shares. A plugin's config subclasses it with its own fields (and its own
+    `rope_theta` default, which differs between the layouts)."""
+
+    model_config = ConfigDict(extra="ignore")  # the plugin's checkpoint reader refuses what it does not honour
+
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+
+    @model_validator(mode="after")
+    def _heads_share_key_values(self) -> DraftLayerConfig:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        return self
 
 
 def holds_draft(folder: Path | None) -> bool:

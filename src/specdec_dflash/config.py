@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, model_validator
+
+from specdec.hidden_state import DraftLayerConfig
 
 #: transformers' Qwen3Config default: layers from this index on are sliding_attention when layer_types is absent
 QWEN3_MAX_WINDOW_LAYERS = 28
@@ -13,25 +15,17 @@ QWEN3_MAX_WINDOW_LAYERS = 28
 QWEN3_SLIDING_WINDOW = 4096
 
 
-class DFlashConfig(BaseModel):
-    """The draft's hyper-parameters, as stored in a z-lab DFlash ``config.json``."""
+class DFlashConfig(DraftLayerConfig):
+    """The draft's hyper-parameters, as stored in a z-lab DFlash ``config.json`` (the layers' shape:
+    DraftLayerConfig's)."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    hidden_size: int = Field(gt=0)
     num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     block_size: int = Field(16, ge=2)
     mask_token_id: int = Field(ge=0)
     target_layer_ids: list[int]
     num_target_layers: int = Field(gt=0)
     vocab_size: int | None = None
-    max_position_embeddings: int = 32768
     sliding_window: int | None = None
     # "full_attention" or "sliding_attention" per layer; None: the window (if any) on every layer
     layer_types: list[str] | None = None
@@ -50,9 +44,6 @@ class DFlashConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> DFlashConfig:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                             f"num_key_value_heads ({self.num_key_value_heads})")
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty")
         if self.layer_types is not None:

@@ -19,22 +19,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from torch import nn
 
+from specdec.hidden_state import DraftLayerConfig
 
-class Eagle3Config(BaseModel):
-    """The draft's hyper-parameters. `target_layer_ids` are specdec tap ids (the output of decoder layer
-    L); the checkpoint stores them as vLLM's `eagle_aux_hidden_state_layer_ids` (the input of layer L + 1)."""
 
-    model_config = ConfigDict(extra="ignore")
+class Eagle3Config(DraftLayerConfig):
+    """The draft's hyper-parameters (the layer's shape: DraftLayerConfig's). `target_layer_ids` are specdec
+    tap ids (the output of decoder layer L); the checkpoint stores them as vLLM's
+    `eagle_aux_hidden_state_layer_ids` (the input of layer L + 1)."""
 
-    hidden_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    rms_norm_eps: float = 1e-6
     rope_theta: float = 10_000.0
     vocab_size: int = Field(gt=0)
     draft_vocab_size: int = Field(gt=0)
@@ -42,13 +37,9 @@ class Eagle3Config(BaseModel):
     # does `for_target`
     target_layer_ids: list[int] | None = None
     num_target_layers: int | None = Field(None, gt=0)
-    max_position_embeddings: int = 32768
 
     @model_validator(mode="after")
     def _consistent(self) -> Eagle3Config:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                             f"num_key_value_heads ({self.num_key_value_heads})")
         if self.target_layer_ids is not None and not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty")
         if self.draft_vocab_size > self.vocab_size:
