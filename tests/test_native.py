@@ -13,7 +13,8 @@ from test_tree import parents_lists
 from specdec import SpeculativeDecoder
 from specdec import native as native_module
 from specdec.errors import SpecdecError
-from specdec.native import NativeKVCache, unsupported_reason
+from specdec.native import unsupported_reason
+from specdec.native_cache import NativeKVCache
 from specdec.target import TargetModel
 from specdec.tree import from_paths
 

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec.errors import SpecdecError
-from specdec.native import NativeKVCache, row_mask
+from specdec.native_cache import NativeKVCache, row_mask
 from specdec.target import TargetModel
 
 TAPS = [0, 2]

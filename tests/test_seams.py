@@ -11,7 +11,7 @@ from conftest import plain_greedy, tiny_model
 from specdec import SamplingParams, SpecdecError, SpeculativeDecoder, TargetModel
 from specdec.caches import DynamicKVCache
 from specdec.contracts import KVCache, cache_api_problem
-from specdec.native import NativeKVCache
+from specdec.native_cache import NativeKVCache
 
 
 def keys_of(target: TargetModel) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import native, tree
+from . import native, native_cache, tree
 from .caches import DynamicKVCache
 from .contracts import KVCache, TargetOutput, cache_api_problem, same_length
 from .errors import SpecdecError
@@ -27,7 +27,7 @@ from .errors import SpecdecError
 #: a tree draft's parents for the verification forward: one list for every row, a list per row, or None (chains)
 TreeParents = list[int] | list[list[int]] | None
 
-BUILTIN_CACHES: dict[str, type[KVCache]] = {"native": native.NativeKVCache, "dynamic": DynamicKVCache}
+BUILTIN_CACHES: dict[str, type[KVCache]] = {"native": native_cache.NativeKVCache, "dynamic": DynamicKVCache}
 
 
 def base_model(model: nn.Module) -> nn.Module | None:
@@ -135,7 +135,8 @@ class NativeBackend(TargetBackend):
     """specdec's own forward (bit-identical to transformers') and its preallocated cache (NativeKVCache or a
     registered subclass of it)."""
 
-    def __init__(self, model: nn.Module, cache_class: type[native.NativeKVCache] = native.NativeKVCache) -> None:
+    def __init__(self, model: nn.Module,
+                 cache_class: type[native_cache.NativeKVCache] = native_cache.NativeKVCache) -> None:
         super().__init__(model)
         self.forward_pass = native.NativeForward(model)
         self.cache_class = cache_class
@@ -156,7 +157,7 @@ class NativeBackend(TargetBackend):
     def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
                 tree_parents: TreeParents) -> TargetOutput:
         cache = self.cache
-        assert isinstance(cache, native.NativeKVCache), "call reset() before the first forward"
+        assert isinstance(cache, native_cache.NativeKVCache), "call reset() before the first forward"
         batch, n = input_ids.shape
         lengths = cache.lengths() or [0] * batch
         if len(lengths) != batch:
@@ -169,25 +170,25 @@ class NativeBackend(TargetBackend):
             offsets = torch.tensor([[0, *tree.depths(p)] for p in rows_parents], device=input_ids.device)
             positions = torch.tensor(lengths, device=input_ids.device).unsqueeze(1) + offsets
             visible = torch.stack([tree.visibility(p) for p in rows_parents])  # [B, n, n]
-            mask = native.row_mask(lengths, n, visible, input_ids.device)
+            mask = native_cache.row_mask(lengths, n, visible, input_ids.device)
         elif all(length == lengths[0] for length in lengths):  # one shared length: the path it always took
             start = lengths[0]
             positions = positions_after([start] * batch, n, tree_parents, input_ids.device)  # type: ignore[arg-type]
             mask = None if tree_parents is None else tree.bool_mask(tree_parents, start, input_ids.device)  # type: ignore[arg-type]
-        else:  # ragged rows: each row's tokens after its own length, masks per row (native.row_mask)
+        else:  # ragged rows: each row's tokens after its own length, masks per row (native_cache.row_mask)
             positions = positions_after(lengths, n, tree_parents, input_ids.device)  # type: ignore[arg-type]
             visible = None if tree_parents is None else tree.visibility(tree_parents)  # type: ignore[arg-type]
-            mask = native.row_mask(lengths, n, visible, input_ids.device)
+            mask = native_cache.row_mask(lengths, n, visible, input_ids.device)
         logits, taps = self.forward_pass(input_ids, positions, cache, mask, tap_ids, logits_to_keep=logits_to_keep)
         assert logits is not None
         return TargetOutput(logits=logits, taps=taps)
 
     def drop_rows(self, rows: Sequence[int]) -> None:
-        assert isinstance(self.cache, native.NativeKVCache), "call reset() before the first forward"
+        assert isinstance(self.cache, native_cache.NativeKVCache), "call reset() before the first forward"
         self.cache.drop_rows(rows)
 
     def add_rows(self, prompts: Sequence[torch.Tensor], tap_ids: list[int]) -> TargetOutput:
-        assert isinstance(self.cache, native.NativeKVCache), "call reset() before the first forward"
+        assert isinstance(self.cache, native_cache.NativeKVCache), "call reset() before the first forward"
         counts = [int(p.numel()) for p in prompts]
         ids = prompts[0].new_zeros(len(prompts), max(counts))  # right padding (token 0): masked, then not counted
         for row, prompt in enumerate(prompts):
@@ -329,7 +330,7 @@ def make_backend(model: nn.Module, cache: str | type[KVCache]) -> TargetBackend:
     problem = cache_api_problem(cache)
     if problem is not None:
         raise SpecdecError(problem)
-    if issubclass(cache, native.NativeKVCache):
+    if issubclass(cache, native_cache.NativeKVCache):
         if unsupported:
             raise SpecdecError(f"The native cache needs specdec's own forward, which does not cover this model "
                                f"({unsupported}); use cache='dynamic' or 'auto'.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .caches import DynamicKVCache
 from .hookspecs import hookimpl
-from .native import NativeKVCache
+from .native_cache import NativeKVCache
 from .proposers.autoregressive import AutoregressiveProposer
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NgramProposer
