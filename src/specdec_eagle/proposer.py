@@ -90,6 +90,7 @@ class Eagle3Proposer(HiddenStateProposer):
         model, target = lead.model, lead.target
         contexts = [proposer.take_pending(state) for proposer, state in rows]
         counts = [int(context.states.shape[1]) for context in contexts]
+        assert min(counts) > 0, "every row has a committed position the draft has not read"  # (the first token)
         embeds = target.embed_tokens(torch.cat([state.tokens[:, c.start + 1:] for (_, state), c in
                                                 zip(rows, contexts, strict=True)], dim=1))
         for (proposer, _), context in zip(rows, contexts, strict=True):
