@@ -56,6 +56,9 @@ def test_the_plugin_is_listed_with_what_each_part_declares(guide_plugin):
     assert rows[("command", "repeat-stats")]["distribution"] == "specdec-guide 0.1"
     assert rows[("command", "export")]["distribution"].startswith("specdec ")  # the dflash plugin's command
     assert rows[("proposer", "dflash")]["default"] and rows[("proposer", "dflash")]["default_priority"] == 100
+    # which proposers draft a batch's rows in one call (propose_batch overridden) and which row by row
+    assert {name: rows[("proposer", name)]["drafts_rows"] for name in ("dflash", "ngram", "repeat-last")} \
+        == {"dflash": "together", "ngram": "one by one", "repeat-last": "one by one"}
 
 
 def test_the_guide_proposer_and_verifier_are_lossless_together(guide_plugin, model_dir):
