@@ -27,13 +27,19 @@ def main() -> None:
     parser.add_argument("--title", default="")
     parser.add_argument("--right", choices=("loss", "accuracy"), default="loss",
                         help="what the right panel draws against steps")
+    parser.add_argument("--steps-panel", action="store_true", help="add held-out acceptance against steps")
+    parser.add_argument("--minutes-label", default="training minutes (this 2-core CPU)")
     args = parser.parse_args()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    if args.steps_panel:
+        fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.2))
+    else:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        middle = None
     rows: list[str] = []
     for spec in args.run:
         label, _, folder = spec.partition("=")
@@ -41,6 +47,8 @@ def main() -> None:
         evals = [h for h in history if "acceptance" in h]
         minutes = [h["elapsed_seconds"] / 60 for h in evals]
         left.plot(minutes, [h["acceptance"] for h in evals], marker="o", label=label)
+        if middle is not None:
+            middle.plot([h["step"] for h in evals], [h["acceptance"] for h in evals], marker="o", label=label)
         if args.right == "accuracy":
             key = "accuracy"
             right.plot([h["step"] for h in history], [h["accuracy"] for h in history], label=label)
@@ -57,10 +65,12 @@ def main() -> None:
     print("\n| run | steps | training minutes | s/step | held-out acceptance (end) | best | slot-1 accuracy "
           "(last 20 steps) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(rows))
-    left.set(xlabel="training minutes (this 2-core CPU)", ylabel="held-out chain acceptance (tokens/step)")
+    left.set(xlabel=args.minutes_label, ylabel="held-out chain acceptance (tokens/step)")
+    if middle is not None:
+        middle.set(xlabel="step", ylabel="held-out chain acceptance (tokens/step)")
     right.set(xlabel="step", ylabel="slot-1 accuracy on training blocks" if args.right == "accuracy"
               else "training loss (DFlash's part)")
-    for axis in (left, right):
+    for axis in [a for a in (left, middle, right) if a is not None]:
         axis.grid(alpha=0.3)
         axis.legend()
     if args.title:
