@@ -88,6 +88,7 @@ class Eagle3Proposer(HiddenStateProposer):
         assert all(isinstance(p, Eagle3Proposer) and p.model is lead.model for p, _ in rows), \
             "rows of one batch are forks of one proposer"
         model, target = lead.model, lead.target
+        assert all(state.batch_size == 1 for _, state in rows), "one row per state, as the engine's rows are"
         contexts = [proposer.take_pending(state) for proposer, state in rows]
         counts = [int(context.states.shape[1]) for context in contexts]
         assert min(counts) > 0, "every row has a committed position the draft has not read"  # (the first token)
