@@ -406,6 +406,19 @@ def record_drafts(decoder):
     return seen
 
 
+def chain_matches_reference(target, folder, cfg, weights):
+    """The dflash chain on `folder`'s draft decodes a prompt losslessly, and every draft it made equals the
+    full-recompute reference's; returns the decoder, its recorded drafts and the prompt."""
+    decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=0, lookup=0)
+    seen = record_drafts(decoder)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    assert decoder.generate_ids(prompt, max_new_tokens=20).token_ids == plain_greedy(target, prompt, 20)
+    assert len(seen) >= 4
+    for committed, drafted, _ in seen:
+        assert drafted == reference_draft(weights, cfg, target, committed, len(drafted)), committed
+    return decoder, seen, prompt
+
+
 NEWER_FIELDS = {  # (top-level update, dflash_config update): each honoured as z-lab's code honours it
     "output_multiplier": ({}, {"output_multiplier": 0.3}),
     "output_multiplier top-level": ({"output_multiplier": -0.7}, {}),  # negative: the chain is the argmin
@@ -438,13 +451,7 @@ def test_newer_dflash_fields_are_honoured_as_zlab_defines_them(tmp_path, target,
     cfg = set_config(folder, update, dflash, drop=() if "is_causal" in update else ("is_causal",))
     assert "is_causal" not in cfg["dflash_config"] or "is_causal" not in cfg
     weights = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
-    decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=0, lookup=0)
-    seen = record_drafts(decoder)
-    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
-    assert decoder.generate_ids(prompt, max_new_tokens=20).token_ids == plain_greedy(target, prompt, 20)
-    assert len(seen) >= 4
-    for committed, drafted, _ in seen:
-        assert drafted == reference_draft(weights, cfg, target, committed, len(drafted)), (case, committed)
+    decoder, seen, prompt = chain_matches_reference(target, folder, cfg, weights)
     seen.clear()
     decoder.generate_ids(prompt, max_new_tokens=12, temperature=0.8, seed=1)
     assert seen

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import plain_greedy, tiny_model
+from conftest import tiny_model
 from safetensors.torch import load_file
-from test_dflash import record_drafts, reference_draft, reference_logits, write_draft
+from test_dflash import chain_matches_reference, reference_logits, write_draft
 
-from specdec import SpecdecError, SpeculativeDecoder
+from specdec import SpecdecError
 from specdec.cli import main
 from specdec_dflash.checkpoint import load_draft, read_config
 from specdec_dflash.export import export_draft
@@ -30,13 +30,7 @@ def test_tap_norm_drafts_as_the_reference_and_changes_the_numbers(tmp_path, targ
     assert read_config(folder).tap_norm
     weights = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
     assert {f"tap_norms.{i}.weight" for i in range(2)} <= set(weights)
-    decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=0, lookup=0)
-    seen = record_drafts(decoder)
-    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
-    assert decoder.generate_ids(prompt, max_new_tokens=20).token_ids == plain_greedy(target, prompt, 20)
-    assert len(seen) >= 4
-    for committed, drafted, _ in seen:
-        assert drafted == reference_draft(weights, cfg, target, committed, len(drafted))
+    _, seen, _ = chain_matches_reference(target, folder, cfg, weights)
     # the same weights read without the norm give other logits: the reference would catch a norm left out
     plain = {**cfg, "dflash_config": {**cfg["dflash_config"], "tap_norm": False}}
     committed = seen[0][0]

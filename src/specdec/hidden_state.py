@@ -55,6 +55,10 @@ class DraftLayerConfig(BaseModel):
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
 
+    def layer_fields(self) -> dict[str, Any]:
+        """These fields under their config.json names, for a plugin's `to_checkpoint_json`."""
+        return {name: getattr(self, name) for name in DraftLayerConfig.model_fields}
+
     @model_validator(mode="after")
     def _heads_share_key_values(self) -> DraftLayerConfig:
         if self.num_attention_heads % self.num_key_value_heads:
