@@ -1,13 +1,15 @@
-"""Chain acceptance of several DFlash drafts on the same unseen training-distribution prompts: a bigger and
-fixed held-out set than the trainer's (which holds out 1% of a data folder: 8 prompts of a small one).
+"""Chain acceptance of several drafts on the same unseen training-distribution prompts: a bigger and fixed
+held-out set than the trainer's (which holds out 1% of a data folder: 8 prompts of a small one).
 
     python scripts/eval_drafts.py --prompts ../shared/train_prompts --exclude DATA --n 48 --tokens 64 \
-        --draft base=RUN_A/draft --draft depth1=RUN_B/draft
+        --draft base=RUN_A/draft --draft depth1=RUN_B/draft --draft eagle=eagle3:RUN_C/draft
 
 Prompts: every prompt of the --prompts files in a seeded shuffle, skipping those a data folder (--exclude)
-already answered, the first --n that fit in 384 tokens. Each draft runs its own argmax chain (the dflash
-proposer with tree_size=0, lookup=0), greedy, on the embedded target; prints one markdown row per draft:
-mean acceptance length over all steps, and its standard error over prompts.
+already answered, the first --n that fit in 384 tokens. Each draft runs its own argmax chain, greedy, on the
+embedded target: a DFlash draft (the default, or `dflash:` / `dflash2:` before the folder) with tree_size=0,
+lookup=0; an EAGLE-3 draft (`eagle3:`) with tree_size=0 and --eagle3-tokens drafts per step (7 by default,
+the length of a block-8 DFlash chain). Prints one markdown row per draft: mean acceptance length over all
+steps, and its standard error over prompts.
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--draft", action="append", required=True, help="LABEL=DRAFT_FOLDER, repeatable")
+    parser.add_argument("--draft", action="append", required=True,
+                        help="LABEL=[PROPOSER:]DRAFT_FOLDER, repeatable (PROPOSER: dflash, dflash2 or eagle3)")
+    parser.add_argument("--eagle3-tokens", type=int, default=7, help="an EAGLE-3 chain's drafts per step")
     args = parser.parse_args()
     import torch
 
@@ -68,8 +72,13 @@ def main() -> None:
     print("| draft | mean acceptance length | standard error (over prompts) |\n| --- | ---: | ---: |")
     for spec in args.draft:
         label, _, folder = spec.partition("=")
-        config = build_proposer_config("dflash", {"draft": folder, "tree_size": 0, "lookup": 0})
-        decoder = SpeculativeDecoder(target, get_proposer_class("dflash")(config, target))
+        proposer, _, path = folder.partition(":")
+        if not path:  # no proposer named: a DFlash draft
+            proposer, path = "dflash", folder
+        options = {"draft": path, "tree_size": 0}
+        options.update({"num_tokens": args.eagle3_tokens} if proposer == "eagle3" else {"lookup": 0})
+        config = build_proposer_config(proposer, options)
+        decoder = SpeculativeDecoder(target, get_proposer_class(proposer)(config, target))
         accepted, steps, per_prompt = 0, 0, []
         for ids in prompts:
             out = decoder.generate_ids(torch.tensor([ids]), max_new_tokens=args.tokens)

@@ -448,6 +448,7 @@ ONCE_ACCEPTED = [
     ("train", "--lr", ["nan", "inf", "-1", "0"]),
     ("train", "--max-sequence-length", ["0", "-5"]),
     ("train", "--max-minutes", ["nan", "-1", "0"]),
+    ("train", "--pause-at-minutes", ["nan", "inf", "-1", "0"]),
     ("train", "--eval-every", ["-1"]),
     ("train", "--eval-prompts", ["-1"]),
 ]

@@ -647,3 +647,44 @@ def test_a_run_started_from_target_layers_resumes(tiny_setup, tmp_path):
     assert CliRunner().invoke(main, args + ["--steps", "2"]).exit_code == 0
     result = CliRunner().invoke(main, args + ["--steps", "4", "--resume"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_run_paused_and_resumed_in_pieces_ends_as_the_run_never_paused(tiny_setup, tmp_path):
+    """`--pause-at-minutes` ends one piece of a long run with a checkpoint; the schedule is the whole run's,
+    so the pieces resumed one after the other end with the weights of the run trained in one go."""
+    from safetensors.torch import load_file
+
+    root, model_dir, data_dir = tiny_setup
+    common = ["train", "--proposer", "dflash", "--model", model_dir, "--data", data_dir, "--dtype", "float64",
+              "--opt", "num_layers=1", "--opt", "block_size=4", "--opt", "num_anchors=8", "--opt", "mask_token_id=4",
+              "--lr", "3e-3", "--save-every", "4", "--eval-prompts", "0", "--no-progress", "--steps", "8"]
+    whole, pieces = tmp_path / "whole", tmp_path / "pieces"
+    assert CliRunner().invoke(main, common + ["--out", str(whole)]).exit_code == 0
+    # a pause a microsecond in: the piece stops after its first step, saved, and says how to go on
+    result = CliRunner().invoke(main, common + ["--out", str(pieces), "--pause-at-minutes", "1e-8"])
+    assert result.exit_code == 0 and "paused after" in result.output and "--resume" in result.output
+    assert json.loads((pieces / "trainer_state.json").read_text())["step"] == 1
+    # a resume whose pause has already passed is refused before it trains
+    result = CliRunner().invoke(main, common + ["--out", str(pieces), "--resume", "--pause-at-minutes", "1e-8"])
+    assert result.exit_code == 2 and "already trained" in result.output and "later pause" in result.output
+    assert json.loads((pieces / "trainer_state.json").read_text())["step"] == 1
+    result = CliRunner().invoke(main, common + ["--out", str(pieces), "--resume"])
+    assert result.exit_code == 0, result.output
+    a = json.loads((whole / "trainer_state.json").read_text())["history"]
+    b = json.loads((pieces / "trainer_state.json").read_text())["history"]
+    assert [h["step"] for h in b] == [1, 4, 8]  # the pause's checkpoint is one more record
+    assert [(h["step"], h["loss"], h["lr"]) for h in a] == [(h["step"], h["loss"], h["lr"]) for h in b[1:]]
+    wa, wb = load_file(whole / "draft" / "model.safetensors"), load_file(pieces / "draft" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--pause-at-minutes", "0"], "--pause-at-minutes 0.0 is not a finite number above 0"),
+    (["--pause-at-minutes", "30", "--max-minutes", "30"], "is not before --max-minutes 30"),
+])
+def test_a_pause_that_cannot_happen_is_refused(tiny_setup, tmp_path, extra, message):
+    root, model_dir, data_dir = tiny_setup
+    result = CliRunner().invoke(main, ["train", "--proposer", "dflash", "--model", model_dir, "--data", data_dir,
+                                       "--out", str(tmp_path / "r"), "--steps", "2"] + extra)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "r").exists()

@@ -31,6 +31,10 @@ def data() -> None:
 @click.option("--max-prompt-tokens", default=512, show_default=True, type=int)
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy responses.")
 @click.option("--limit", default=None, type=int, help="Use only the first N prompts (after a seeded shuffle).")
+@click.option("--pause-at-minutes", default=None, type=float,
+              help="End this invocation (with a checkpoint) once the run has trained this many minutes in all, "
+              "resumes included; the schedule still runs over --max-minutes and --steps, so a long run can be "
+              "trained in pieces: resume it with --resume and a later pause.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Shuffle seed for the prompt order.")
 @click.option("--flush-seconds", default=60.0, show_default=True, type=float,
               help="Write finished sequences to disk at least this often (and on Ctrl-C or SIGTERM).")
@@ -99,6 +103,10 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
 @click.option("--max-minutes", default=None, type=float,
               help="Stop (with a checkpoint) after this many minutes of training (evaluation and checkpoint "
               "writes are not counted); the cosine schedule runs over this budget.")
+@click.option("--pause-at-minutes", default=None, type=float,
+              help="End this invocation (with a checkpoint) once the run has trained this many minutes in all, "
+              "resumes included; the schedule still runs over --max-minutes and --steps, so a long run can be "
+              "trained in pieces: resume it with --resume and a later pause.")
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of a new draft's initialisation, the anchors and the data order.")
 @click.option("--dtype", default="auto", show_default=True, help="Dtype of the frozen target.")
@@ -111,8 +119,8 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
 @click.option("--no-progress", is_flag=True, help="Print one JSON line per checkpoint instead of a progress bar.")
 @user_errors
 def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_ratio, sequences_per_step,
-          sequences_per_forward, max_sequence_length, save_every, eval_every, eval_prompts, max_minutes, seed,
-          dtype, cache, resume, overwrite, no_progress) -> None:
+          sequences_per_forward, max_sequence_length, save_every, eval_every, eval_prompts, max_minutes,
+          pause_at_minutes, seed, dtype, cache, resume, overwrite, no_progress) -> None:
     """Train a draft for PROPOSER on target-regenerated data (works under torchrun for DDP)."""
     import torch
     from pydantic import ValidationError
@@ -158,6 +166,12 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
         raise SpecdecError(f"--max-minutes {max_minutes} is not a finite number above 0; give the time budget, or "
                            "leave it out.")
+    if pause_at_minutes is not None and not (math.isfinite(pause_at_minutes) and pause_at_minutes > 0):
+        raise SpecdecError(f"--pause-at-minutes {pause_at_minutes} is not a finite number above 0; give the run's "
+                           "total training minutes at which to stop this piece, or leave it out.")
+    if pause_at_minutes is not None and max_minutes is not None and pause_at_minutes >= max_minutes:
+        raise SpecdecError(f"--pause-at-minutes {pause_at_minutes:g} is not before --max-minutes {max_minutes:g}, "
+                           "where the run ends anyway; give an earlier pause, or leave it out.")
     if eval_every < 0 or eval_prompts < 0:
         raise SpecdecError("--eval-every and --eval-prompts must be 0 or more (0: evaluate only at the end, or "
                            "not at all).")
@@ -167,7 +181,8 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     settings = TrainSettings(steps=steps, lr=lr, warmup_ratio=warmup_ratio, sequences_per_step=sequences_per_step,
                              sequences_per_forward=sequences_per_forward,
                              max_sequence_length=max_sequence_length, save_every=save_every, eval_every=eval_every,
-                             eval_prompts=eval_prompts, seed=seed, max_minutes=max_minutes)
+                             eval_prompts=eval_prompts, seed=seed, max_minutes=max_minutes,
+                             pause_at_minutes=pause_at_minutes)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     hf_model, tokenizer = loading.load_model(model, loading.resolve_dtype(dtype, device), device)
@@ -190,5 +205,9 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     if int(os.environ.get("RANK", "0")) != 0:
         return  # rank 0 writes the run and reports it
     last = state["history"][-1] if state["history"] else {}
+    if pause_at_minutes is not None and state["step"] < steps and state["elapsed"] > 60 * pause_at_minutes and \
+            (max_minutes is None or state["elapsed"] <= 60 * max_minutes):
+        click.echo(f"{run}: paused after {state['elapsed'] / 60:.1f} minutes of training; continue with the same "
+                   "command, --resume and a later --pause-at-minutes (or none).")
     click.echo(f"{run}/draft: step {state['step']}, loss {last.get('loss', float('nan')):.3f}, "
                f"mean acceptance length {last.get('acceptance', float('nan')):.2f}")

@@ -62,6 +62,9 @@ class TrainSettings:
     eval_fraction: float = 0.01  # share of sequences held out (by id hash) for evaluation
     seed: int = 0
     max_minutes: float | None = None
+    # end this invocation (checkpoint and evaluation) once the run has trained this many minutes in all,
+    # resumes included; the schedule still runs over max_minutes / steps: one long run in pieces
+    pause_at_minutes: float | None = None
 
 
 def lr_at(step: int, settings: TrainSettings, elapsed_seconds: float = 0.0) -> float:
@@ -287,6 +290,9 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
         state.update({k: saved[k] for k in ("step", "epoch", "position", "elapsed", "history", "window")
                       if k in saved})
 
+    if settings.pause_at_minutes is not None and state["elapsed"] >= 60 * settings.pause_at_minutes:
+        raise SpecdecError(f"The run in {run} has already trained {state['elapsed'] / 60:.1f} minutes, past "
+                           f"--pause-at-minutes {settings.pause_at_minutes:g}; give a later pause, or leave it out.")
     train_set, held_out = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
     if not train_set:
         raise SpecdecError(f"{data_dir} holds no training sequences; generate data first.")
@@ -364,7 +370,8 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
             bar.update(task, completed=state["step"], info=info_text)
             state["elapsed"] = training_seconds()
             out_of_time = settings.max_minutes is not None and state["elapsed"] > 60 * settings.max_minutes
-            done = state["step"] >= settings.steps or out_of_time
+            pausing = settings.pause_at_minutes is not None and state["elapsed"] > 60 * settings.pause_at_minutes
+            done = state["step"] >= settings.steps or out_of_time or pausing
             saved_now = rank == 0 and (state["step"] % settings.save_every == 0 or done)
             if saved_now:
                 paused_at = time.perf_counter()
@@ -378,7 +385,7 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
                 if not progress:
                     print(json.dumps(record), flush=True)
                 not_training += time.perf_counter() - paused_at
-            if out_of_time:
+            if out_of_time or pausing:
                 break
             if guard.signum is not None and not done:
                 if not saved_now:  # a checkpoint of this step, with no history record: a resume goes on unchanged
