@@ -209,18 +209,26 @@ def test_batching_needs_a_cache_with_ragged_rows():
 
 @pytest.mark.parametrize("name,options", [("dflash", {"tree_size": 0, "lookup": 0}), ("dflash", {}),
                                           ("eagle3", {"tree_size": 0}), ("eagle3", {}),
-                                          ("eagle3", {"tree_size": 9, "tree_width": 3, "num_tokens": 4})],
-                         ids=["dflash-chain", "dflash-defaults", "eagle3-chain", "eagle3-tree", "eagle3-tree-wide"])
-def test_one_draft_forward_for_every_row_drafts_as_each_row_alone(dflash_dirs, eagle_dirs, name, options,  # noqa: F811
-                                                                  monkeypatch):
+                                          ("eagle3", {"tree_size": 9, "tree_width": 3, "num_tokens": 4}),
+                                          ("draft", {"num_tokens": 4})],
+                         ids=["dflash-chain", "dflash-defaults", "eagle3-chain", "eagle3-tree", "eagle3-tree-wide",
+                              "draft-model"])
+def test_one_draft_forward_for_every_row_drafts_as_each_row_alone(draft_dir, dflash_dirs, eagle_dirs, name,  # noqa: F811
+                                                                  options, monkeypatch):
     """propose_batch (one draft forward for every row, each with its own cache and context length; for
-    eagle3, one per depth for every row's chain or tree) drafts what propose does row by row: with the budget
-    pinned, each row drafts the same tokens (and tree) after the same committed tokens, and accepts exactly as
-    much at every step."""
+    eagle3, one per depth for every row's chain or tree; for a draft model, one per drafted token over one
+    ragged draft cache) drafts what propose does row by row: with the budget pinned, each row drafts the same
+    tokens (and tree) after the same committed tokens, and accepts exactly as much at every step."""
     model = model_for("llama", 1, None)
     prompts = [[7, 8, 9, 10, 7, 8, 9], [1, 2], [3, 4, 5, 6, 3, 4], [11]]
-    draft = dflash_dirs[1] if name == "dflash" else eagle_dirs[1]
+    draft = {"dflash": dflash_dirs[1], "eagle3": eagle_dirs[1], "draft": draft_dir}[name]
     decoder = SpeculativeDecoder.from_model(model, proposer=name, draft=draft, **options)
+    widths: list[int] = []
+    if name == "draft":  # every forward of the rows' shared draft cache, with how many rows it read
+        shared = decoder.proposer.rows.draft
+        rows_forward = shared.forward
+        monkeypatch.setattr(shared, "forward", lambda ids, *a, **k: widths.append(ids.shape[0]) or
+                            rows_forward(ids, *a, **k))
     cls, seen = type(decoder.proposer), []
     original = cls.propose_batch.__func__
 
@@ -234,19 +242,23 @@ def test_one_draft_forward_for_every_row_drafts_as_each_row_alone(dflash_dirs, e
     monkeypatch.setattr(cls, "propose_batch", classmethod(recording))
     together = decoder.generate_ids(prompts, max_new_tokens=20, batch_size=3, draft_budget=64)
     drafted_together, seen[:] = list(seen), []
+    if name == "draft":
+        assert max(widths) == 3  # the rows drafted in forwards over all three
     alone = [decoder.generate_ids(p, max_new_tokens=20) for p in prompts]
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert [o.stats.acceptance_lengths for o in together] == [o.stats.acceptance_lengths for o in alone]
     assert sorted(drafted_together) == sorted(seen) and len(seen) > len(prompts)
 
-
-@pytest.mark.parametrize("drafting", ["sample", "greedy"])
-def test_eagle3_sampled_rows_drafted_together_equal_each_prompt_alone(eagle_dirs, drafting):  # noqa: F811
-    """Sampled rows drafted in one forward per depth draw from their own generators: each row's output is the
-    prompt's sampled output alone, with the same seed and budget."""
+@pytest.mark.parametrize("name,options", [("eagle3", {"drafting": "sample"}), ("eagle3", {"drafting": "greedy"}),
+                                          ("draft", {"num_tokens": 3})],
+                         ids=["eagle3-sample", "eagle3-greedy", "draft-model"])
+def test_sampled_rows_drafted_together_equal_each_prompt_alone(draft_dir, eagle_dirs, name, options):  # noqa: F811
+    """Sampled rows drafted in one forward per depth (eagle3) or per token (a draft model) draw from their own
+    generators: each row's output is the prompt's sampled output alone, with the same seed and budget."""
     model = model_for("llama", 2, None)
     prompts = [[7, 8, 9, 10, 7, 8, 9], [1, 2], [3, 4, 5, 6, 3, 4], [11], [5, 5]]
-    decoder = SpeculativeDecoder.from_model(model, proposer="eagle3", draft=eagle_dirs[0], drafting=drafting)
+    draft = eagle_dirs[0] if name == "eagle3" else draft_dir
+    decoder = SpeculativeDecoder.from_model(model, proposer=name, draft=draft, **options)
     alone = [decoder.generate_ids(p, max_new_tokens=12, temperature=0.9, seed=5, draft_budget=4).token_ids
              for p in prompts]
     together = decoder.generate_ids(prompts, max_new_tokens=12, temperature=0.9, seed=5, batch_size=4,
@@ -304,3 +316,18 @@ def test_rejection_verify_rows_is_verify_row_by_row(counts, seed, with_probs, to
                                 torch.Generator().manual_seed(seed + b))
         assert torch.equal(rows[b].num_accepted, alone.num_accepted)
         assert torch.equal(rows[b].emitted, alone.emitted)
+
+
+def test_a_draft_model_that_cannot_batch_drafts_each_row_with_a_cache_of_its_own(tmp_path):
+    """A draft model outside specdec's own forward (a GELU Llama here: transformers' forward, rows of one
+    length) cannot share one ragged cache: each row drafts with its own, and every row's output is its own."""
+    draft = tiny_model("llama", layers=1, hidden=16, heads=2, kv_heads=1, seed=9)
+    draft.config.hidden_act = "gelu"  # read back as a GELU MLP, which specdec's own forward does not cover
+    draft.save_pretrained(tmp_path / "gelu")
+    model = model_for("llama", 0, None)
+    prompts = [[7, 8, 9, 10, 7, 8, 9], [1, 2], [3, 4, 5, 6, 3, 4], [11]]
+    decoder = SpeculativeDecoder.from_model(model, proposer="draft", draft=str(tmp_path / "gelu"), num_tokens=3)
+    assert not decoder.proposer.draft.can_batch
+    outs = decoder.generate_ids(prompts, max_new_tokens=12, batch_size=3, draft_budget=3)
+    assert [o.token_ids for o in outs] == expected_outputs(model, prompts, 12, None)
+    assert sum(sum(o.stats.proposed_per_position) for o in outs) > 0  # the rows did draft

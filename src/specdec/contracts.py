@@ -204,7 +204,8 @@ class Proposer:
         """A proposer with the same options and weights and per-sequence state of its own: the engine drafts
         each row of a batch with its own proposer (the first row with this one). The default copies the object
         shallowly and calls reset(), so reset() must assign fresh per-sequence state rather than clear shared
-        containers in place; a proposer owning a KV cache of its own (the draft-model proposer) overrides it."""
+        containers in place; a proposer that keeps per-row state elsewhere (the draft-model proposer's rows
+        share one ragged draft cache) overrides it."""
         clone = copy.copy(self)
         clone.reset()
         return clone

@@ -1,8 +1,14 @@
-"""Classic speculative decoding (Leviathan et al. 2023): a small causal LM drafts autoregressively."""
+"""Classic speculative decoding (Leviathan et al. 2023): a small causal LM drafts autoregressively.
+
+The rows of a batch draft together: one draft KV cache holds every row (`DraftRows`, the native cache's
+ragged rows), so each draft step is one forward for all of them, as the target's verification is. A draft
+model whose forward cannot hold ragged rows (the transformers backend) drafts each row with a cache of its own.
+"""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Annotated
 
 import torch
@@ -13,6 +19,76 @@ from ..errors import SpecdecError
 from ..limits import MAX_VERIFY_TOKENS, VERIFY_WHY, at_most, check_draft_sizes
 from ..sampling import logits_to_probs
 from ..target import TargetModel
+
+
+class DraftRows:
+    """One draft cache shared by the proposers of a batch: row r holds the keys and values of `fed[r]`, the
+    tokens `members[r]` has fed the draft so far. With a draft that cannot batch it has at most one member."""
+
+    def __init__(self, draft: TargetModel) -> None:
+        self.draft = draft.fork()  # the loaded draft's weights, a cache of this group's own
+        self.members: list[DraftModelProposer] = []
+        self.fed: list[torch.Tensor] = []  # per row: token ids [T_r]
+
+    def row_of(self, member: DraftModelProposer) -> int | None:
+        return next((r for r, m in enumerate(self.members) if m is member), None)
+
+    def leave(self, member: DraftModelProposer) -> None:
+        row = self.row_of(member)
+        if row is None:
+            return
+        del self.members[row], self.fed[row]
+        if self.members:
+            self.draft.drop_rows([row])
+        else:
+            self.draft.reset()
+
+    def feed(self, tokens: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """One draft forward: row r reads `tokens[r]` ([n_r], at least one) after what it holds; rows not named
+        read padding that is cropped away. Returns each named row's logits [V] after its last token."""
+        held = self.draft.cache_lengths
+        width = max(t.numel() for t in tokens.values())
+        ids = torch.zeros(len(self.members), width, dtype=torch.long, device=self.draft.device)  # [B, width]
+        for r, t in tokens.items():
+            ids[r, : t.numel()] = t
+        logits = self.draft.forward(ids).logits  # [B, width, V]
+        self.draft.crop([held[r] + (tokens[r].numel() if r in tokens else 0) for r in range(len(self.members))])
+        for r, t in tokens.items():
+            self.fed[r] = torch.cat([self.fed[r], t])
+        return {r: logits[r, t.numel() - 1] for r, t in tokens.items()}
+
+    def catch_up(self, members: Sequence[DraftModelProposer], contexts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Bring each member's row to exactly its context ([T], committed tokens), reusing the longest prefix the
+        row already holds; members without a row join. Returns each member's draft logits [V] after it."""
+        for gone in [m for m in self.members if not any(m is member for member in members)]:
+            self.leave(gone)  # rows not drafting now have finished (the engine asks every row that drafts)
+        feeds: dict[int, torch.Tensor] = {}
+        after: dict[int, torch.Tensor] = {}
+        for member, context in zip(members, contexts, strict=True):
+            row = self.row_of(member)
+            if row is None:
+                continue
+            held = self.fed[row]
+            common = min(held.numel(), context.numel())
+            same = (held[:common] == context[:common]).to(torch.int64)
+            keep = min(int(same.cumprod(0).sum()), context.numel() - 1)  # feed at least one token for logits
+            self.fed[row] = held[:keep]
+            feeds[row] = context[keep:]
+        if feeds:
+            self.draft.crop([self.fed[r].numel() for r in range(len(self.members))])
+            after = self.feed(feeds)
+        joining = [(m, c) for m, c in zip(members, contexts, strict=True) if self.row_of(m) is None]
+        if joining:
+            if self.draft.can_batch:
+                out = self.draft.add_rows([c for _, c in joining]).logits[:, -1]  # [k, V]
+            else:  # a cache of one row
+                assert not self.members and len(joining) == 1, "a draft that cannot batch drafts one row"
+                out = self.draft.prefill(joining[0][1].unsqueeze(0)).logits[:, -1]
+            for j, (member, context) in enumerate(joining):
+                self.members.append(member)
+                self.fed.append(context)
+                after[len(self.members) - 1] = out[j]
+        return [after[self.row_of(m)] for m in members]  # type: ignore[index]
 
 
 class DraftModelProposer(Proposer):
@@ -32,50 +108,67 @@ class DraftModelProposer(Proposer):
         model, tokenizer = loading.load_model(config.draft, dtype=target.dtype, device=target.device)
         check_same_vocabulary(target, model, tokenizer, config.draft)
         self.draft = TargetModel(model, tokenizer)
-        self._cached: torch.Tensor | None = None  # token ids whose keys/values the draft cache holds
+        self.rows = DraftRows(self.draft)
 
     def reset(self) -> None:
-        self._cached = None
+        self.rows.leave(self)  # a new sequence: its row is read afresh at the next draft
 
     def fork(self) -> DraftModelProposer:
         clone = copy.copy(self)
-        clone.draft = self.draft.fork()  # the same draft weights, a KV cache per row
-        clone.reset()
+        # rows of a batch share one draft cache where the draft's forward holds ragged rows; else one each
+        if not self.draft.can_batch:
+            clone.rows = DraftRows(self.draft)
         return clone
-
-    def _catch_up(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Bring the draft cache to exactly `tokens` [1, T]; returns the draft's logits [1, 1, V] after them."""
-        if self._cached is None:
-            out = self.draft.prefill(tokens)
-        else:
-            common = min(self._cached.shape[1], tokens.shape[1])
-            same = (self._cached[0, :common] == tokens[0, :common]).to(torch.int64)
-            keep = min(int(same.cumprod(0).sum()), tokens.shape[1] - 1)  # feed at least one token for logits
-            self.draft.crop(keep)
-            out = self.draft.forward(tokens[:, keep:])
-        self._cached = tokens
-        return out.logits[:, -1:]
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> Draft:
-        k = min(self.config.num_tokens, state.max_draft_tokens)
-        logits = self._catch_up(state.tokens)
-        sampled = state.sampling is not None and not state.sampling.greedy
-        tokens, probs = [], []
-        for i in range(k):
-            if sampled:
-                p = logits_to_probs(logits[:, -1], state.sampling)
-                token = torch.multinomial(p, 1, generator=state.generator)
-                probs.append(p)
-            else:
-                token = logits[:, -1].argmax(dim=-1, keepdim=True)
-            tokens.append(token)
-            if i + 1 < k:
-                logits = self.draft.forward(token).logits
-        drafted = torch.cat(tokens, dim=1)
-        # The draft cache now also holds drafted tokens 1..k-1; the next _catch_up drops whatever was rejected.
-        self._cached = torch.cat([state.tokens, drafted[:, :-1]], dim=1)
-        return Draft(tokens=drafted, probs=torch.stack(probs, dim=1) if sampled else None)
+        return self.propose_batch([self], [state])[0]
+
+    @classmethod
+    @torch.inference_mode()
+    def propose_batch(cls, proposers: Sequence[Proposer], states: Sequence[DecodeState]) -> list[Draft]:
+        """Every row's k-th draft token from one draft forward over all rows that share a cache."""
+        drafts: list[Draft | None] = [None] * len(proposers)
+        groups: dict[int, list[int]] = {}
+        for i, proposer in enumerate(proposers):
+            assert isinstance(proposer, DraftModelProposer) and states[i].batch_size == 1
+            groups.setdefault(id(proposer.rows), []).append(i)
+        for indices in groups.values():
+            made = cls._draft_rows([proposers[i] for i in indices], [states[i] for i in indices])  # type: ignore[misc]
+            for i, draft in zip(indices, made, strict=True):
+                drafts[i] = draft
+        return drafts  # type: ignore[return-value]
+
+    @staticmethod
+    def _draft_rows(proposers: Sequence[DraftModelProposer], states: Sequence[DecodeState]) -> list[Draft]:
+        rows = proposers[0].rows
+        if all(state.max_draft_tokens < 1 for state in states):
+            return [Draft(tokens=state.tokens.new_empty(1, 0)) for state in states]
+        logits = rows.catch_up(proposers, [state.tokens[0] for state in states])  # per row [V]
+        ks = [min(p.config.num_tokens, s.max_draft_tokens) for p, s in zip(proposers, states, strict=True)]
+        tokens: list[list[torch.Tensor]] = [[] for _ in proposers]
+        probs: list[list[torch.Tensor]] = [[] for _ in proposers]
+        for i in range(max(ks)):
+            for j, state in enumerate(states):
+                if i >= ks[j]:
+                    continue
+                sampled = state.sampling is not None and not state.sampling.greedy
+                if sampled:
+                    p = logits_to_probs(logits[j].unsqueeze(0), state.sampling)  # [1, V]
+                    tokens[j].append(torch.multinomial(p, 1, generator=state.generator)[0])
+                    probs[j].append(p)
+                else:
+                    tokens[j].append(logits[j].argmax(dim=-1, keepdim=True))
+            # the rows still drafting read their new token (the cache then holds drafted tokens 1..k-1; the next
+            # catch-up drops whatever the target rejected)
+            going = [j for j in range(len(proposers)) if i + 1 < ks[j]]
+            if going:
+                after = rows.feed({rows.row_of(proposers[j]): tokens[j][-1] for j in going})  # type: ignore[misc]
+                for j in going:
+                    logits[j] = after[rows.row_of(proposers[j])]  # type: ignore[index]
+        return [Draft(tokens=torch.cat(t).unsqueeze(0) if t else state.tokens.new_empty(1, 0),
+                      probs=torch.stack(q, dim=1) if q else None)
+                for t, q, state in zip(tokens, probs, states, strict=True)]
 
 
 def check_same_vocabulary(target: TargetModel, draft_model, draft_tokenizer, where: str) -> None:
