@@ -331,3 +331,6 @@ def test_a_draft_model_that_cannot_batch_drafts_each_row_with_a_cache_of_its_own
     outs = decoder.generate_ids(prompts, max_new_tokens=12, batch_size=3, draft_budget=3)
     assert [o.token_ids for o in outs] == expected_outputs(model, prompts, 12, None)
     assert sum(sum(o.stats.proposed_per_position) for o in outs) > 0  # the rows did draft
+    # each row drafted from its own context: it accepted at every step what the prompt alone accepts
+    alone = [decoder.generate_ids(p, max_new_tokens=12, draft_budget=3) for p in prompts]
+    assert [o.stats.acceptance_lengths for o in outs] == [o.stats.acceptance_lengths for o in alone]

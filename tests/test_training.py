@@ -218,6 +218,13 @@ def test_torchrun_ddp_two_processes(tiny_setup, tmp_path):
     assert (run / "draft" / "model.safetensors").is_file()
     assert len(json.loads((run / "draft" / "draft_vocab.json").read_text())["token_ids"]) == 40  # broadcast subset
     assert sys.executable
+    # a piece of a run under torchrun: every rank stops after the same step (rank 0's clock decides for all)
+    paused = tmp_path / "ddp-paused"
+    command = proc.args[:proc.args.index("--out") + 1] + [str(paused)] + proc.args[proc.args.index("--out") + 2:]
+    proc = subprocess.run(command + ["--pause-at-minutes", "1e-8"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0 and "paused after" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads((paused / "trainer_state.json").read_text())["step"] == 1
 
 
 def test_unknown_cache_is_refused_before_the_model_loads(tiny_setup, tmp_path):

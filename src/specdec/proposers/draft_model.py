@@ -79,6 +79,8 @@ class DraftRows:
             after = self.feed(feeds)
         joining = [(m, c) for m, c in zip(members, contexts, strict=True) if self.row_of(m) is None]
         if joining:
+            if not self.members:
+                self.draft.reset()  # a fresh cache, and the draft's forward and weights looked at again
             if self.draft.can_batch:
                 out = self.draft.add_rows([c for _, c in joining]).logits[:, -1]  # [k, V]
             else:  # a cache of one row
@@ -142,6 +144,10 @@ class DraftModelProposer(Proposer):
     @staticmethod
     def _draft_rows(proposers: Sequence[DraftModelProposer], states: Sequence[DecodeState]) -> list[Draft]:
         rows = proposers[0].rows
+        if len(proposers) > 1 and not rows.draft.can_batch:
+            raise SpecdecError(f"The draft model {proposers[0].config.draft} no longer runs on specdec's own "
+                               "forward (a forward hook added to it since it loaded?), so a batch's rows cannot "
+                               "share its cache; remove the hook, or make a new SpeculativeDecoder.")
         if all(state.max_draft_tokens < 1 for state in states):
             return [Draft(tokens=state.tokens.new_empty(1, 0)) for state in states]
         logits = rows.catch_up(proposers, [state.tokens[0] for state in states])  # per row [V]

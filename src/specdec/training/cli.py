@@ -31,10 +31,6 @@ def data() -> None:
 @click.option("--max-prompt-tokens", default=512, show_default=True, type=int)
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy responses.")
 @click.option("--limit", default=None, type=int, help="Use only the first N prompts (after a seeded shuffle).")
-@click.option("--pause-at-minutes", default=None, type=float,
-              help="End this invocation (with a checkpoint) once the run has trained this many minutes in all, "
-              "resumes included; the schedule still runs over --max-minutes and --steps, so a long run can be "
-              "trained in pieces: resume it with --resume and a later pause.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Shuffle seed for the prompt order.")
 @click.option("--flush-seconds", default=60.0, show_default=True, type=float,
               help="Write finished sequences to disk at least this often (and on Ctrl-C or SIGTERM).")

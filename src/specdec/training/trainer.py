@@ -291,7 +291,7 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
                       if k in saved})
 
     if settings.pause_at_minutes is not None and state["elapsed"] >= 60 * settings.pause_at_minutes:
-        raise SpecdecError(f"The run in {run} has already trained {state['elapsed'] / 60:.1f} minutes, past "
+        raise SpecdecError(f"The run in {run} has already trained {state['elapsed'] / 60:.4g} minutes, past "
                            f"--pause-at-minutes {settings.pause_at_minutes:g}; give a later pause, or leave it out.")
     train_set, held_out = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
     if not train_set:
@@ -308,7 +308,13 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
     not_training = 0.0
 
     def training_seconds() -> float:
-        return elapsed_before + time.perf_counter() - started - not_training
+        seconds = elapsed_before + time.perf_counter() - started - not_training
+        if distributed:  # rank 0's clock for every rank (only it pauses to evaluate and save): one schedule,
+            # and every rank stops (budget or pause) after the same step, so none waits alone at an all_reduce
+            clock = torch.tensor([seconds], dtype=torch.float64, device=params[0].device)
+            torch.distributed.broadcast(clock, src=0)
+            seconds = float(clock)
+        return seconds
     window: list[dict[str, float]] = list(state.pop("window", []))  # the progress average spans a resume
     tokens_seen = 0
 
