@@ -114,9 +114,10 @@ def test_tiny_run_lowers_loss_writes_a_loadable_draft_and_resumes(tiny_setup):
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     decoder = SpeculativeDecoder.from_model(model, proposer="dflash", draft=str(run / "draft"))
     assert decoder.generate_ids([2, 30, 3], max_new_tokens=10).stats.num_generated_tokens == 10
-    # resume continues from step 20, not from scratch
+    # resume continues from step 20, not from scratch; the longer schedule is said, not silently taken
     result = CliRunner().invoke(main, args + ["--steps", "30", "--resume"])
     assert result.exit_code == 0, result.output
+    assert "note: steps is 30 now against 20 before; the run follows 30 from here." in result.output
     resumed = json.loads((run / "trainer_state.json").read_text())
     assert resumed["step"] == 30 and [h["step"] for h in resumed["history"]] == [10, 20, 30]
     # a second fresh run into the same folder is refused
@@ -461,7 +462,7 @@ def test_a_second_writer_is_refused(tmp_path):
 def test_a_checkpoint_killed_mid_swap_is_repaired(tmp_path):
     """A kill between the two renames of the draft swap leaves no draft/; opening the run puts the previous
     draft back (it matches the trainer state) and removes staging folders and temporary files."""
-    from specdec.training.trainer import prepare_run_dir
+    from specdec.training.checkpoint import prepare_run_dir
 
     run = tmp_path / "run"
     (run / ".draft-old").mkdir(parents=True)

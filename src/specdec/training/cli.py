@@ -125,9 +125,10 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     from ..api import resolve_cache
     from ..plugins import get_objective_class, get_proposer_class
     from ..target import TargetModel
+    from .checkpoint import prepare_run_dir
     from .data import DataDir
     from .interrupts import Interrupted
-    from .trainer import TrainSettings, prepare_run_dir
+    from .trainer import TrainSettings
     from .trainer import train as run_training
 
     get_proposer_class(proposer)
