@@ -11,14 +11,13 @@ for timing what drafting costs.
         > /tmp/draft-old/old_draft_model.py
     python scripts/compare_draft_batching.py N_PROMPTS ROUNDS BATCHES BUDGET DRAFT_LAYERS   # e.g. 8 3 1,4 4 6
 """
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 sys.path.insert(0, "/tmp/draft-old")
+from interleaved_rounds import compare  # noqa: E402
 from old_draft_model import DraftModelProposer as OldDraft  # noqa: E402
 
 from specdec import SpeculativeDecoder, loading  # noqa: E402
@@ -44,25 +43,4 @@ old = SpeculativeDecoder(new.target, OldDraft(new.proposer.config, new.target))
 _, prompts = load_dataset("gsm8k", "/work/shared/datasets", limit=N)
 ids = prompt_ids(prompts, new.target.tokenizer)
 for batch in BATCHES:
-    times: dict[str, list[float]] = {"new": [], "old": []}
-    outs = {}
-    for r in range(ROUNDS + 1):  # round 0 warms up
-        order = [("new", new), ("old", old)] if r % 2 == 0 else [("old", old), ("new", new)]
-        for name, decoder in order:
-            start = time.perf_counter()
-            if batch == 1:
-                res = [decoder.generate_ids(p, max_new_tokens=128, draft_budget=BUDGET) for p in ids]
-            else:
-                res = decoder.generate_ids(ids, max_new_tokens=128, batch_size=batch, draft_budget=BUDGET)
-            elapsed = time.perf_counter() - start
-            tokens = sum(len(o.token_ids) for o in res)
-            taus = [a for o in res for a in o.stats.acceptance_lengths]
-            outs[name] = [o.token_ids for o in res]
-            if r:
-                times[name].append(tokens / elapsed)
-            print(f"batch {batch} round {r} {name}: {tokens / elapsed:.1f} tok/s, tau {sum(taus) / len(taus):.2f}",
-                  flush=True)
-    same = sum(a == b for a, b in zip(outs["new"], outs["old"], strict=True))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"batch {batch}: {same}/{len(ids)} outputs identical; new {med['new']:.1f} tok/s, old {med['old']:.1f} "
-          f"tok/s, new/old {med['new'] / med['old']:.3f}", flush=True)
+    compare(new, old, ids, batch, ROUNDS, BUDGET)

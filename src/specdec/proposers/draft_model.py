@@ -33,13 +33,15 @@ class DraftRows:
     def row_of(self, member: DraftModelProposer) -> int | None:
         return next((r for r, m in enumerate(self.members) if m is member), None)
 
-    def leave(self, member: DraftModelProposer) -> None:
-        row = self.row_of(member)
-        if row is None:
+    def leave(self, members: Sequence[DraftModelProposer]) -> None:
+        """These members' rows leave the cache, in one cache copy however many they are."""
+        rows = [r for r, m in enumerate(self.members) if any(m is member for member in members)]
+        if not rows:
             return
-        del self.members[row], self.fed[row]
+        self.members = [m for r, m in enumerate(self.members) if r not in rows]
+        self.fed = [t for r, t in enumerate(self.fed) if r not in rows]
         if self.members:
-            self.draft.drop_rows([row])
+            self.draft.drop_rows(rows)
         else:
             self.draft.reset()
 
@@ -57,11 +59,13 @@ class DraftRows:
             self.fed[r] = torch.cat([self.fed[r], t])
         return {r: logits[r, t.numel() - 1] for r, t in tokens.items()}
 
-    def catch_up(self, members: Sequence[DraftModelProposer], contexts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def catch_up(self, members: Sequence[DraftModelProposer],
+                 contexts: Sequence[torch.Tensor]) -> tuple[list[int], list[torch.Tensor]]:
         """Bring each member's row to exactly its context ([T], committed tokens), reusing the longest prefix the
-        row already holds; members without a row join. Returns each member's draft logits [V] after it."""
-        for gone in [m for m in self.members if not any(m is member for member in members)]:
-            self.leave(gone)  # rows not drafting now have finished (the engine asks every row that drafts)
+        row already holds; members without a row join. Returns each member's cache row, and its draft logits
+        [V] after its context."""
+        # rows not drafting now have finished (the engine asks every row that drafts)
+        self.leave([m for m in self.members if not any(m is member for member in members)])
         feeds: dict[int, torch.Tensor] = {}
         after: dict[int, torch.Tensor] = {}
         for member, context in zip(members, contexts, strict=True):
@@ -90,7 +94,8 @@ class DraftRows:
                 self.members.append(member)
                 self.fed.append(context)
                 after[len(self.members) - 1] = out[j]
-        return [after[self.row_of(m)] for m in members]  # type: ignore[index]
+        rows: list[int] = [self.row_of(m) for m in members]  # type: ignore[misc]
+        return rows, [after[r] for r in rows]
 
 
 class DraftModelProposer(Proposer):
@@ -113,7 +118,7 @@ class DraftModelProposer(Proposer):
         self.rows = DraftRows(self.draft)
 
     def reset(self) -> None:
-        self.rows.leave(self)  # a new sequence: its row is read afresh at the next draft
+        self.rows.leave([self])  # a new sequence: its row is read afresh at the next draft
 
     def fork(self) -> DraftModelProposer:
         clone = copy.copy(self)
@@ -150,7 +155,7 @@ class DraftModelProposer(Proposer):
                                "share its cache; remove the hook, or make a new SpeculativeDecoder.")
         if all(state.max_draft_tokens < 1 for state in states):
             return [Draft(tokens=state.tokens.new_empty(1, 0)) for state in states]
-        logits = rows.catch_up(proposers, [state.tokens[0] for state in states])  # per row [V]
+        index, logits = rows.catch_up(proposers, [state.tokens[0] for state in states])  # cache rows; per row [V]
         ks = [min(p.config.num_tokens, s.max_draft_tokens) for p, s in zip(proposers, states, strict=True)]
         tokens: list[list[torch.Tensor]] = [[] for _ in proposers]
         probs: list[list[torch.Tensor]] = [[] for _ in proposers]
@@ -169,9 +174,9 @@ class DraftModelProposer(Proposer):
             # catch-up drops whatever the target rejected)
             going = [j for j in range(len(proposers)) if i + 1 < ks[j]]
             if going:
-                after = rows.feed({rows.row_of(proposers[j]): tokens[j][-1] for j in going})  # type: ignore[misc]
+                after = rows.feed({index[j]: tokens[j][-1] for j in going})
                 for j in going:
-                    logits[j] = after[rows.row_of(proposers[j])]  # type: ignore[index]
+                    logits[j] = after[index[j]]
         return [Draft(tokens=torch.cat(t).unsqueeze(0) if t else state.tokens.new_empty(1, 0),
                       probs=torch.stack(q, dim=1) if q else None)
                 for t, q, state in zip(tokens, probs, states, strict=True)]
