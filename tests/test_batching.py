@@ -226,8 +226,8 @@ def test_one_draft_forward_for_every_row_drafts_as_each_row_alone(draft_dir, dfl
     widths: list[int] = []
     if name == "draft":  # every forward of the rows' shared draft cache, with how many rows it read
         shared = decoder.proposer.rows.draft
-        rows_forward = shared.forward
-        monkeypatch.setattr(shared, "forward", lambda ids, *a, **k: widths.append(ids.shape[0]) or
+        rows_forward = shared.forward_last
+        monkeypatch.setattr(shared, "forward_last", lambda ids, *a, **k: widths.append(ids.shape[0]) or
                             rows_forward(ids, *a, **k))
     cls, seen = type(decoder.proposer), []
     original = cls.propose_batch.__func__

@@ -103,6 +103,19 @@ class Batch:
             self.tokens[b] += feed[b, :count].tolist()
         self.native.crop([length + count for length, count in zip(lengths, counts, strict=True)])
 
+    def last(self, feed: torch.Tensor, counts: list[int]) -> None:
+        """forward_last: row b reads its first counts[b] tokens (0 or more; the rest right padding the cache
+        does not count) and gets the logits after its last real token only."""
+        out = self.native.forward_last(feed, counts)
+        assert out.logits.shape[:2] == (feed.shape[0], 1)
+        for b, (ref, count) in enumerate(zip(self.refs, counts, strict=True)):
+            if count:
+                expected = ref.forward(feed[b: b + 1, :count])
+                close(out.logits[b, 0], expected.logits[0, -1])
+                for layer in TAPS:
+                    close(out.taps[layer][b, :count], expected.taps[layer][0])
+            self.tokens[b] += feed[b, :count].tolist()
+
     def tree(self, feed: torch.Tensor, parents: list[int], paths: list[list[int]]) -> None:
         """One tree (the same parents in every row, its own tokens per row) after each row's own length, then
         each row keeps the root and its own accepted path (draft indices), padded with -1 as Verdict.path is."""
@@ -154,14 +167,18 @@ def test_ragged_rows_match_each_row_run_alone(kind, data):
 
     batch.add([prompt() for _ in range(data.draw(st.integers(1, 3), label="rows"))])
     batch.check_state()
-    ops = data.draw(st.lists(st.sampled_from(["chain", "tree", "crop", "drop", "add"]), min_size=3, max_size=8),
-                    label="operations")
+    ops = data.draw(st.lists(st.sampled_from(["chain", "last", "tree", "crop", "drop", "add"]), min_size=3,
+                             max_size=8), label="operations")
     for op in ops:
         rows = len(batch.refs)
         if op == "chain":
             n = data.draw(st.integers(1, 6), label="n")
             counts = [data.draw(st.integers(1, n), label="count") for _ in range(rows)]
             batch.chain(torch.randint(0, 128, (rows, n), generator=gen), counts)
+        elif op == "last":
+            n = data.draw(st.integers(1, 6), label="n")
+            counts = [data.draw(st.integers(0, n), label="count") for _ in range(rows)]
+            batch.last(torch.randint(0, 128, (rows, n), generator=gen), counts)
         elif op == "tree":
             k = data.draw(st.integers(1, 6), label="tree size")
             parents = [data.draw(st.integers(-1, j - 1), label="parent") for j in range(k)]
@@ -265,6 +282,8 @@ def test_bad_per_row_arguments_are_refused_with_a_sentence():
         target.add_rows([[1], []])
     with pytest.raises(ValueError, match="rows hold different lengths"):
         target.backend.cache.length()
+    with pytest.raises(ValueError, match=r"one count in 0..2 per row of 2, not \[1, 3\]"):
+        target.forward_last(torch.tensor([[6, 7], [8, 9]]), [1, 3])
     assert target.cache_lengths == [5, 4]
 
 
@@ -277,3 +296,6 @@ def test_the_transformers_backend_refuses_ragged_rows_and_rows_leaving_or_joinin
         target.drop_rows([0])
     with pytest.raises(NotImplementedError, match="rows cannot leave or join it"):
         target.add_rows([[1, 2]])
+    with pytest.raises(NotImplementedError, match="right-padded rows need the native cache"):
+        target.forward_last(torch.randint(0, 128, (2, 3)), [3, 2])
+    assert target.forward_last(torch.randint(0, 128, (2, 3)), [3, 3]).logits.shape[:2] == (2, 1)

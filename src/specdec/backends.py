@@ -109,9 +109,11 @@ class TargetBackend:
         return clone
 
     def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
-                tree_parents: TreeParents) -> TargetOutput:
+                tree_parents: TreeParents, counts: Sequence[int] | None = None) -> TargetOutput:
         """Feed [B, n] tokens after the cached ones (a tree under the first when `tree_parents` is given: one
-        list of n - 1 parents for every row, or a list per row; only the native backend takes a list per row)."""
+        list of n - 1 parents for every row, or a list per row; only the native backend takes a list per row).
+        `counts`: row b's first counts[b] tokens are real and the rest right padding, which the cache does not
+        count; `logits_to_keep` then counts back from each row's last real token (see TargetModel.forward_last)."""
         raise NotImplementedError  # pragma: no cover - interface
 
     def taps_only(self, input_ids: torch.Tensor, tap_ids: list[int]) -> dict[int, torch.Tensor]:
@@ -155,9 +157,10 @@ class NativeBackend(TargetBackend):
         self.forward_pass.prepacked.refresh()  # weights changed in place since are packed again
 
     def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
-                tree_parents: TreeParents) -> TargetOutput:
+                tree_parents: TreeParents, counts: Sequence[int] | None = None) -> TargetOutput:
         cache = self.cache
         assert isinstance(cache, native_cache.NativeKVCache), "call reset() before the first forward"
+        assert counts is None or tree_parents is None, "right padding is for chains of tokens, not trees"
         batch, n = input_ids.shape
         lengths = cache.lengths() or [0] * batch
         if len(lengths) != batch:
@@ -179,7 +182,8 @@ class NativeBackend(TargetBackend):
             positions = positions_after(lengths, n, tree_parents, input_ids.device)  # type: ignore[arg-type]
             visible = None if tree_parents is None else tree.visibility(tree_parents)  # type: ignore[arg-type]
             mask = native_cache.row_mask(lengths, n, visible, input_ids.device)
-        logits, taps = self.forward_pass(input_ids, positions, cache, mask, tap_ids, logits_to_keep=logits_to_keep)
+        logits, taps = self.forward_pass(input_ids, positions, cache, mask, tap_ids, logits_to_keep=logits_to_keep,
+                                         counts=counts)
         assert logits is not None
         return TargetOutput(logits=logits, taps=taps)
 
@@ -271,9 +275,12 @@ class TransformersBackend(TargetBackend):
         self._hooks.append(self.layers[layer_id].register_forward_hook(hook))
 
     def forward(self, input_ids: torch.Tensor, tap_ids: list[int], logits_to_keep: int,
-                tree_parents: TreeParents) -> TargetOutput:
+                tree_parents: TreeParents, counts: Sequence[int] | None = None) -> TargetOutput:
         assert self.cache is not None, "call reset() before the first forward"
         batch, n = input_ids.shape
+        if counts is not None and any(int(c) != n for c in counts):
+            raise NotImplementedError(f"The transformers backend (cache {self.cache_name!r}) reads every token it is "
+                                      "given; right-padded rows need the native cache.")
         if tree_parents and isinstance(tree_parents[0], list):
             raise NotImplementedError(f"The transformers backend (cache {self.cache_name!r}) takes one tree for every "
                                       "row; a tree per row needs the native cache.")

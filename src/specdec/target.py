@@ -246,10 +246,10 @@ class TargetModel:
         return self.backend.add_rows(ids, self._tap_ids)
 
     @torch.inference_mode()
-    def _run(self, input_ids: torch.Tensor, logits_to_keep: int,
-             tree_parents: TreeParents = None) -> TargetOutput:
+    def _run(self, input_ids: torch.Tensor, logits_to_keep: int, tree_parents: TreeParents = None,
+             counts: Sequence[int] | None = None) -> TargetOutput:
         assert self.backend.cache is not None, "call reset() before the first forward"
-        return self.backend.forward(input_ids, self._tap_ids, logits_to_keep, tree_parents)
+        return self.backend.forward(input_ids, self._tap_ids, logits_to_keep, tree_parents, counts)
 
     def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
         """Read the prompt [B, T] into a fresh cache; logits of the last position only, taps for all."""
@@ -275,6 +275,17 @@ class TargetModel:
                 return TargetOutput(logits=logits, taps=taps)
             logits = torch.empty(input_ids.shape[0], 0, self.vocab_size, device=input_ids.device, dtype=self.dtype)
             return TargetOutput(logits=logits, taps=self.backend.taps_only(input_ids, self._tap_ids))
+
+    def forward_last(self, input_ids: torch.Tensor, counts: Sequence[int]) -> TargetOutput:
+        """Feed [B, n] right-padded tokens after each row's cached ones: row b's first counts[b] (0 to n) are
+        real, and the cache counts only those. Logits at each row's last real token only [B, 1, V] (a row with
+        nothing real gets an unused row), where `forward` would compute all n: a drafter that only needs the
+        next token's logits skips n - 1 LM-head products per row. Rows of different counts need the native
+        cache; the transformers backend takes rows whose tokens are all real."""
+        if len(counts) != input_ids.shape[0] or any(not 0 <= int(c) <= input_ids.shape[1] for c in counts):
+            raise ValueError(f"forward_last takes one count in 0..{input_ids.shape[1]} per row of "
+                             f"{input_ids.shape[0]}, not {list(counts)}.")
+        return self._run(input_ids, logits_to_keep=1, counts=counts)
 
     def forward(self, input_ids: torch.Tensor, tree_parents: TreeParents = None) -> TargetOutput:
         """Feed [B, n] tokens at the positions following the cache; logits for all n positions. With

@@ -47,17 +47,18 @@ class DraftRows:
 
     def feed(self, tokens: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """One draft forward: row r reads `tokens[r]` ([n_r], at least one) after what it holds; rows not named
-        read padding that is cropped away. Returns each named row's logits [V] after its last token."""
-        held = self.draft.cache_lengths
+        read right padding the cache does not count. Returns each named row's logits [V] after its last token."""
         width = max(t.numel() for t in tokens.values())
         ids = torch.zeros(len(self.members), width, dtype=torch.long, device=self.draft.device)  # [B, width]
         for r, t in tokens.items():
             ids[r, : t.numel()] = t
-        logits = self.draft.forward(ids).logits  # [B, width, V]
-        self.draft.crop([held[r] + (tokens[r].numel() if r in tokens else 0) for r in range(len(self.members))])
+        counts = [tokens[r].numel() if r in tokens else 0 for r in range(len(self.members))]
+        # the LM head only at each row's last token: catching up feeds several tokens, and the rest's
+        # logits would be thrown away
+        logits = self.draft.forward_last(ids, counts).logits  # [B, 1, V]
         for r, t in tokens.items():
             self.fed[r] = torch.cat([self.fed[r], t])
-        return {r: logits[r, t.numel() - 1] for r, t in tokens.items()}
+        return {r: logits[r, 0] for r in tokens}
 
     def catch_up(self, members: Sequence[DraftModelProposer],
                  contexts: Sequence[torch.Tensor]) -> tuple[list[int], list[torch.Tensor]]:
