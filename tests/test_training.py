@@ -696,3 +696,59 @@ def test_a_pause_that_cannot_happen_is_refused(tiny_setup, tmp_path, extra, mess
                                        "--out", str(tmp_path / "r"), "--steps", "2"] + extra)
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("proposer,options", [
+    ("dflash", ["--opt", "num_layers=1", "--opt", "block_size=4", "--opt", "num_anchors=8", "--opt", "mask_token_id=4"]),
+    ("eagle3", ["--opt", "ttt_steps=2"]),
+])
+def test_a_run_reading_kept_taps_trains_as_the_run_computing_them(tiny_setup, tmp_path, monkeypatch, proposer,
+                                                                  options):
+    """--tap-cache: each training sequence's taps are computed once and read in later epochs; the run's losses
+    and weights are the uncached run's (float64: a sequence's taps computed beside another sequence may round
+    differently in the last bits, nothing more)."""
+    from safetensors.torch import load_file
+
+    root, model_dir, data_dir = tiny_setup
+    common = ["train", "--proposer", proposer, "--model", model_dir, "--data", data_dir, "--dtype", "float64",
+              *options, "--lr", "3e-3", "--save-every", "4", "--eval-prompts", "0", "--no-progress",
+              "--steps", "16"]
+    forwards = []
+    original = TargetModel.tap_hidden_states
+    monkeypatch.setattr(TargetModel, "tap_hidden_states",
+                        lambda self, ids, *a, **k: forwards.append(ids.shape[0]) or original(self, ids, *a, **k))
+    assert CliRunner().invoke(main, common + ["--out", str(tmp_path / "online")]).exit_code == 0
+    online = sum(forwards)
+    forwards.clear()
+    cache = tmp_path / "taps"
+    result = CliRunner().invoke(main, common + ["--out", str(tmp_path / "kept"), "--tap-cache", str(cache)])
+    assert result.exit_code == 0, result.output
+    stored = list(cache.glob("*/*.safetensors"))
+    assert online == 32 and sum(forwards) == len(stored) < 16  # each sequence through the target once
+    a = json.loads((tmp_path / "online" / "trainer_state.json").read_text())["history"]
+    b = json.loads((tmp_path / "kept" / "trainer_state.json").read_text())["history"]
+    assert [h["step"] for h in a] == [h["step"] for h in b]
+    assert [h["loss"] for h in b] == pytest.approx([h["loss"] for h in a], rel=1e-9)
+    wa = load_file(tmp_path / "online" / "draft" / "model.safetensors")
+    wb = load_file(tmp_path / "kept" / "draft" / "model.safetensors")
+    assert all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-9) for k in wa)
+    # a second run over the same store reads every sequence's taps and runs no target forward for them
+    forwards.clear()
+    result = CliRunner().invoke(main, common + ["--out", str(tmp_path / "again"), "--tap-cache", str(cache)])
+    assert result.exit_code == 0 and not forwards, result.output
+
+
+def test_kept_taps_of_another_target_or_with_distillation_are_refused(tiny_setup, tmp_path):
+    root, model_dir, data_dir = tiny_setup
+    common = ["train", "--proposer", "dflash", "--data", data_dir, "--dtype", "float64", "--opt", "num_layers=1",
+              "--opt", "block_size=4", "--opt", "num_anchors=4", "--opt", "mask_token_id=4", "--save-every", "2",
+              "--eval-prompts", "0", "--no-progress", "--steps", "2", "--tap-cache", str(tmp_path / "taps")]
+    assert CliRunner().invoke(main, common + ["--model", model_dir, "--out", str(tmp_path / "a")]).exit_code == 0
+    other = save_tiny_model(tmp_path / "other", seed=5)
+    result = CliRunner().invoke(main, common + ["--model", other, "--out", str(tmp_path / "b")])
+    assert result.exit_code == 2 and "holds taps of another target or layers (target differ)" in result.output, \
+        result.output
+    result = CliRunner().invoke(main, common + ["--model", model_dir, "--out", str(tmp_path / "c"), "--opt",
+                                                "distill_top_k=4"])
+    assert result.exit_code == 2 and "distillation (distill_top_k)" in result.output, result.output
+    assert not (tmp_path / "b" / "draft").exists() and not (tmp_path / "c").exists()

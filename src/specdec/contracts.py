@@ -328,6 +328,10 @@ class TrainingObjective:
     name: ClassVar[str] = ""
     Config: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
 
+    #: where the trainer keeps the target's taps of each sequence (`--tap-cache`; a
+    #: specdec.training.tap_store.TapStore), or None: a target forward every step
+    tap_store: Any = None
+
     def __init__(self, config: ObjectiveConfig, target: Target, init: str | Path | None = None) -> None:
         self.config = config
         self.target = target
@@ -352,6 +356,14 @@ class TrainingObjective:
         losses, metrics = zip(*(self.loss(tokens, mask, generator) for tokens, mask in sequences), strict=True)
         mean = {key: sum(m[key] for m in metrics) / len(metrics) for key in metrics[0]}
         return torch.stack(list(losses)).mean(), mean
+
+    def target_taps(self, tokens: torch.Tensor, lengths: Sequence[int], layer_ids: Sequence[int]) -> torch.Tensor:
+        """The target's states at `layer_ids` for a right-padded batch of sequences [N, L] (row n real up to
+        lengths[n]), concatenated: [N, L, len(layer_ids) * H]. From the tap store where the trainer keeps one
+        (each sequence's taps computed once, then read), else from a target forward."""
+        if self.tap_store is None:
+            return self.target.tap_hidden_states(tokens).tapped(list(layer_ids))
+        return self.tap_store.tapped(self.target, tokens, lengths, layer_ids)
 
     def use_data(self, data: Any) -> None:
         """Called once before the first step with the training data (a `specdec.training.DataDir`), e.g. for

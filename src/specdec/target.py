@@ -131,6 +131,11 @@ class TargetModel:
         return {int(i) for i in ids}
 
     # -- taps ----------------------------------------------------------------------------------------
+    @property
+    def tap_ids(self) -> list[int]:
+        """The decoder layers whose outputs every forward captures (request_taps), in request order."""
+        return list(self._tap_ids)
+
     def request_taps(self, layer_ids: Sequence[int]) -> None:
         """Capture the outputs of these decoder layers in every later forward (ids in [0, num_layers))."""
         for layer_id in layer_ids:

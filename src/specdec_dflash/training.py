@@ -288,8 +288,12 @@ class DFlashObjective(TrainingObjective):
             mask[row, 0, :used, : tokens.shape[0]] = packed[:, : tokens.shape[0]]
             mask[row, 0, :used, length: length + used] = packed[:, tokens.shape[0]:]
         distill = self.config.distill_top_k
-        target_out = self.target.tap_hidden_states(batch_tokens, with_logits=bool(distill))
-        tapped = target_out.tapped(self.draft.config.target_layer_ids)
+        if distill:  # the target's distribution comes from the same forward as its taps
+            target_out = self.target.tap_hidden_states(batch_tokens, with_logits=True)
+            tapped = target_out.tapped(self.draft.config.target_layer_ids)
+        else:
+            tapped = self.target_taps(batch_tokens, [int(tokens.shape[0]) for tokens, _ in drawn],
+                                      self.draft.config.target_layer_ids)
         tapped = tapped.clone()  # an inference-mode tensor cannot be saved for backward; a clone can
         context_positions = torch.arange(length, device=device).unsqueeze(0).expand(count, -1)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type in ("cpu", "cuda")):

@@ -75,7 +75,8 @@ class Eagle3Objective(TrainingObjective):
             _init_weights(draft)
             if draft_config.draft_vocab_size == target.vocab_size:
                 self._use_vocabulary(draft, torch.arange(target.vocab_size, device=target.device))
-        self.draft = draft.float().train()
+        # float32 master weights (bf16 autocast), or float64 beside a float64 target, which autocast leaves alone
+        self.draft = draft.to(torch.float64 if target.dtype == torch.float64 else torch.float32).train()
         self.vocab_source = "" if init is None else f"inherited from {init}"
         self.to_draft = self._label_map()
         self.weights = step_weights(config.ttt_steps, config.step_decay).tolist()
@@ -126,7 +127,7 @@ class Eagle3Objective(TrainingObjective):
         for row, (seq, seq_mask) in enumerate(sequences):
             tokens[row, : seq.shape[0]] = seq.to(device)
             mask[row, : seq.shape[0]] = seq_mask.to(device).bool()
-        tapped = self.target.tap_hidden_states(tokens).tapped(self.draft.config.target_layer_ids)
+        tapped = self.target_taps(tokens, lengths.tolist(), self.draft.config.target_layer_ids)
         tapped = tapped[:, :-1].clone()  # rows 0..T-2; an inference-mode tensor cannot be saved for backward
         positions = torch.arange(length - 1, device=device).unsqueeze(0).expand(count, -1)
         total = torch.zeros(count, device=device)

@@ -103,6 +103,10 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
               help="End this invocation (with a checkpoint) once the run has trained this many minutes in all, "
               "resumes included; the schedule still runs over --max-minutes and --steps, so a long run can be "
               "trained in pieces: resume it with --resume and a later pause.")
+@click.option("--tap-cache", default=None, metavar="DIR",
+              help="Keep the target's tapped hidden states of every training sequence in DIR: computed in the "
+              "first epoch, read in later ones instead of a target forward each step (about T x H x 2 bytes per "
+              "sequence and tapped layer in bf16); one DIR per target, dtype and set of tapped layers.")
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of a new draft's initialisation, the anchors and the data order.")
 @click.option("--dtype", default="auto", show_default=True, help="Dtype of the frozen target.")
@@ -116,7 +120,7 @@ def data_generate(prompt_paths, out_dir, model, dtype, batch_size, max_new_token
 @user_errors
 def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_ratio, sequences_per_step,
           sequences_per_forward, max_sequence_length, save_every, eval_every, eval_prompts, max_minutes,
-          pause_at_minutes, seed, dtype, cache, resume, overwrite, no_progress) -> None:
+          pause_at_minutes, tap_cache, seed, dtype, cache, resume, overwrite, no_progress) -> None:
     """Train a draft for PROPOSER on target-regenerated data (works under torchrun for DDP)."""
     import torch
     from pydantic import ValidationError
@@ -169,6 +173,11 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     if pause_at_minutes is not None and max_minutes is not None and pause_at_minutes >= max_minutes:
         raise SpecdecError(f"--pause-at-minutes {pause_at_minutes:g} is not before --max-minutes {max_minutes:g}, "
                            "where the run ends anyway; give an earlier pause, or leave it out.")
+    if tap_cache is not None and getattr(config, "distill_top_k", 0):
+        raise SpecdecError("--tap-cache saves the target's forward, but distillation (distill_top_k) reads the "
+                           "target's distribution from that forward every step; leave one of them out.")
+    if tap_cache is not None and os.path.exists(tap_cache) and not os.path.isdir(tap_cache):
+        raise SpecdecError(f"--tap-cache {tap_cache} is a file; give a folder (it is created if missing).")
     if eval_every < 0 or eval_prompts < 0:
         raise SpecdecError("--eval-every and --eval-prompts must be 0 or more (0: evaluate only at the end, or "
                            "not at all).")
@@ -191,6 +200,10 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
         config = config.for_resume()
     torch.manual_seed(seed)  # a new draft's random initialisation follows --seed: a run repeats exactly
     objective = objective_cls(config, target, init=init)
+    if tap_cache is not None:
+        from .tap_store import TapStore
+
+        objective.tap_store = TapStore(tap_cache, target, target.tap_ids)
     command = "specdec train " + " ".join(os.sys.argv[2:]) if os.sys.argv[1:2] == ["train"] else None
     try:
         state = run_training(objective, proposer, data_dir, run, settings, resume=resume, progress=not no_progress,
