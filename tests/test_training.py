@@ -699,7 +699,8 @@ def test_a_pause_that_cannot_happen_is_refused(tiny_setup, tmp_path, extra, mess
 
 
 @pytest.mark.parametrize("proposer,options", [
-    ("dflash", ["--opt", "num_layers=1", "--opt", "block_size=4", "--opt", "num_anchors=8", "--opt", "mask_token_id=4"]),
+    ("dflash", ["--opt", "num_layers=1", "--opt", "block_size=4", "--opt", "num_anchors=8",
+                "--opt", "mask_token_id=4"]),
     ("eagle3", ["--opt", "ttt_steps=2"]),
 ])
 def test_a_run_reading_kept_taps_trains_as_the_run_computing_them(tiny_setup, tmp_path, monkeypatch, proposer,
