@@ -740,16 +740,75 @@ def test_a_run_reading_kept_taps_trains_as_the_run_computing_them(tiny_setup, tm
 
 
 def test_kept_taps_of_another_target_or_with_distillation_are_refused(tiny_setup, tmp_path):
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
     root, model_dir, data_dir = tiny_setup
     common = ["train", "--proposer", "dflash", "--data", data_dir, "--dtype", "float64", "--opt", "num_layers=1",
               "--opt", "block_size=4", "--opt", "num_anchors=4", "--opt", "mask_token_id=4", "--save-every", "2",
               "--eval-prompts", "0", "--no-progress", "--steps", "2", "--tap-cache", str(tmp_path / "taps")]
     assert CliRunner().invoke(main, common + ["--model", model_dir, "--out", str(tmp_path / "a")]).exit_code == 0
-    other = save_tiny_model(tmp_path / "other", seed=5)
-    result = CliRunner().invoke(main, common + ["--model", other, "--out", str(tmp_path / "b")])
+    # the same target loaded from elsewhere is the same target
+    copy = tmp_path / "copy"
+    shutil.copytree(model_dir, copy)
+    result = CliRunner().invoke(main, common + ["--model", str(copy) + "/", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    # one deep weight changed, embeddings and config alike: another target
+    model = AutoModelForCausalLM.from_pretrained(copy)
+    with torch.no_grad():
+        model.model.layers[-1].mlp.down_proj.weight[3, 5] += 0.5
+    model.save_pretrained(tmp_path / "tuned")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (copy / name).exists():
+            shutil.copy(copy / name, tmp_path / "tuned" / name)
+    result = CliRunner().invoke(main, common + ["--model", str(tmp_path / "tuned"), "--out", str(tmp_path / "c")])
     assert result.exit_code == 2 and "holds taps of another target or layers (target differ)" in result.output, \
         result.output
-    result = CliRunner().invoke(main, common + ["--model", model_dir, "--out", str(tmp_path / "c"), "--opt",
+    result = CliRunner().invoke(main, common + ["--model", model_dir, "--out", str(tmp_path / "d"), "--opt",
                                                 "distill_top_k=4"])
     assert result.exit_code == 2 and "distillation (distill_top_k)" in result.output, result.output
-    assert not (tmp_path / "b" / "draft").exists() and not (tmp_path / "c").exists()
+    (tmp_path / "taps" / "meta.json").unlink()  # files whose target nobody can tell any more
+    result = CliRunner().invoke(main, common + ["--model", model_dir, "--out", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "holds files but no meta.json" in result.output, result.output
+    assert not any((tmp_path / run / "draft").exists() for run in "cde")
+
+
+def test_the_tap_store_gives_the_targets_taps_in_the_order_asked(tmp_path):
+    """Layers asked out of order, a batch mixing sequences kept earlier (computed beside other sequences) and
+    new ones, an unreadable file computed again: the target's own taps, exactly where shapes allow."""
+    from specdec.training.tap_store import TapStore
+
+    target = TargetModel(tiny_model("llama", seed=2))
+    target.request_taps([2, 0])
+    store = TapStore(tmp_path / "taps", target, target.tap_ids)
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(5, 100, (n,), generator=gen) for n in (9, 4, 7)]
+
+    def batch(chosen):
+        width = max(rows[i].numel() for i in chosen)
+        tokens = torch.zeros(len(chosen), width, dtype=torch.long)
+        for j, i in enumerate(chosen):
+            tokens[j, : rows[i].numel()] = rows[i]
+        return tokens, [rows[i].numel() for i in chosen]
+
+    tokens, lengths = batch([0, 1])
+    first = store.tapped(target, tokens, lengths, [2, 0])
+    expected = target.tap_hidden_states(tokens).tapped([2, 0])
+    assert torch.equal(first[0], expected[0]) and torch.equal(first[1, :4], expected[1, :4])
+    assert (first[1, 4:] == 0).all() and store.writes == 2 and store.reads == 0
+    tokens, lengths = batch([2, 0, 1])  # sequence 2 is new; 0 and 1 are read back as they were computed
+    mixed = store.tapped(target, tokens, lengths, [0, 2])
+    new = target.tap_hidden_states(rows[2].unsqueeze(0)).tapped([0, 2])  # the forward over the missing row
+    assert torch.equal(mixed[0, :7], new[0]) and (mixed[0, 7:] == 0).all()
+    assert store.writes == 3 and store.reads == 2
+    assert torch.equal(mixed[1, :9], torch.cat([first[0, :, 32:], first[0, :, :32]], dim=-1))
+    alone = target.tap_hidden_states(tokens).tapped([0, 2])
+    torch.testing.assert_close(mixed[2, :4], alone[2, :4], rtol=0, atol=1e-12)  # another batch: rounding only
+    broken = next(store.folder.glob("*/*.safetensors"))
+    broken.write_bytes(b"not a safetensors file")
+    again = store.tapped(target, tokens, lengths, [0, 2])
+    assert torch.equal(again, mixed) or torch.allclose(again, mixed, rtol=0, atol=1e-12)
+    assert store.writes == 4 and not list(store.folder.glob("*/.*.tmp"))
+    with pytest.raises(ValueError, match=r"holds layers \[0, 2\], not all of \[1\]"):
+        store.tapped(target, tokens, lengths, [1])

@@ -328,6 +328,8 @@ class TrainingObjective:
     name: ClassVar[str] = ""
     Config: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
 
+    #: whether this objective reads the target's taps through `target_taps`, so that `--tap-cache` can keep them
+    keeps_taps: ClassVar[bool] = False
     #: where the trainer keeps the target's taps of each sequence (`--tap-cache`; a
     #: specdec.training.tap_store.TapStore), or None: a target forward every step
     tap_store: Any = None

@@ -100,6 +100,7 @@ def pick_mask_token(tokenizer) -> int:
 
 class DFlashObjective(TrainingObjective):
     name = "dflash"
+    keeps_taps = True  # its taps come from target_taps (--tap-cache)
 
     class Config(ObjectiveConfig):
         num_layers: int = Field(3, ge=1, description="draft decoder layers (new drafts)")

@@ -48,6 +48,7 @@ def unrolled_inputs(tokens: torch.Tensor, lengths: torch.Tensor, loss_mask: torc
 
 class Eagle3Objective(TrainingObjective):
     name = "eagle3"
+    keeps_taps = True  # its taps come from target_taps (--tap-cache)
 
     class Config(ObjectiveConfig):
         ttt_steps: int = Field(7, ge=1, description="unrolled draft steps per position (training-time test; "

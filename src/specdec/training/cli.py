@@ -173,6 +173,9 @@ def train(proposer, data_dir, run_dir, model, init, opts, steps, lr, warmup_rati
     if pause_at_minutes is not None and max_minutes is not None and pause_at_minutes >= max_minutes:
         raise SpecdecError(f"--pause-at-minutes {pause_at_minutes:g} is not before --max-minutes {max_minutes:g}, "
                            "where the run ends anyway; give an earlier pause, or leave it out.")
+    if tap_cache is not None and not objective_cls.keeps_taps:
+        raise SpecdecError(f"--tap-cache: the {proposer!r} objective reads the target's taps its own way, so they "
+                           "cannot be kept; leave --tap-cache out.")
     if tap_cache is not None and getattr(config, "distill_top_k", 0):
         raise SpecdecError("--tap-cache saves the target's forward, but distillation (distill_top_k) reads the "
                            "target's distribution from that forward every step; leave one of them out.")

@@ -7,9 +7,10 @@ sequence, so the store computes each sequence's taps once (in the batch it first
 back in every later epoch, as offline hidden-state generation does in SpecForge and the EAGLE repository.
 
 One safetensors file per sequence, named by a hash of its tokens, holds `layer.<i>` [T, H] for each tapped
-layer. `meta.json` says whose taps they are: the target (its config and a checksum of some of its weights),
-its dtype and the tapped layers; a folder written for another target or other layers is refused, since its
-states would train the draft on the wrong conditioning. The states read back are the ones the target
+layer. `meta.json` says whose taps they are: the target (its config without where it was loaded from, and a
+checksum of a strided sample of every weight), its dtype and the tapped layers; a folder written for another
+target or other layers is refused, since its states would train the draft on the wrong conditioning, and so
+is a folder that holds files but no `meta.json`. The states read back are the ones the target
 computed (bit for bit); a sequence computed inside another batch can round differently in its last bits
 than it would in this one (the BLAS blocks by shape), as online training's batches already do.
 """
@@ -19,25 +20,51 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..contracts import Target
 from ..errors import SpecdecError
 
 
+#: values of each weight tensor the fingerprint reads (evenly strided over the whole tensor)
+SAMPLED_VALUES = 4096
+
+
 def target_fingerprint(target: Target) -> str:
-    """A checksum of the target's config and of its first embedding rows and final norm: equal targets agree, a
-    fine-tuned or different one almost surely does not."""
+    """A checksum of the target's config (without where it was loaded from, nor the transformers version that
+    wrote it) and of a strided sample of every weight: the same target loaded from anywhere agrees; a
+    fine-tuned one (any layer changed, embeddings frozen or not) almost surely does not."""
     digest = hashlib.sha256()
     config = getattr(target, "config", None)
-    digest.update((config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config))
-                  .encode())
-    digest.update(target.embed_tokens.weight[:64].detach().float().cpu().numpy().tobytes())
+    fields = config.to_dict() if hasattr(config, "to_dict") else {"config": repr(config)}
+    fields = {k: v for k, v in fields.items()
+              if not k.startswith("_") and k not in ("transformers_version", "dtype", "torch_dtype")}
+    digest.update(json.dumps(fields, sort_keys=True, default=repr).encode())
+    for name, weight in sorted(target.model.state_dict().items()):
+        flat = weight.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // SAMPLED_VALUES)][:SAMPLED_VALUES]
+        digest.update(name.encode())
+        digest.update(sample.float().cpu().numpy().tobytes())
     return digest.hexdigest()[:24]
+
+
+def _write_atomically(path: Path, write) -> None:
+    """write(temporary path), then rename it over `path`: readers see a whole file or none, also when several
+    processes (torchrun ranks, on one host or several sharing the folder) write the same file."""
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def sequence_key(tokens: torch.Tensor) -> str:
@@ -60,17 +87,20 @@ class TapStore:
             try:
                 held = json.loads(meta_file.read_text())
             except (OSError, json.JSONDecodeError):
+                held = None
+            if not isinstance(held, dict):
                 raise SpecdecError(f"--tap-cache {self.folder}: meta.json cannot be read; give an empty folder "
-                                   "(or delete this one).") from None
+                                   "(or delete this one).")
             if held != self.meta:
-                differ = ", ".join(k for k in self.meta if held.get(k) != self.meta[k])
+                differ = ", ".join(k for k in self.meta if held.get(k) != self.meta[k]) or "other fields"
                 raise SpecdecError(f"--tap-cache {self.folder} holds taps of another target or layers ({differ} "
                                    f"differ); give a folder of its own to each target, dtype and set of layers.")
+        elif self.folder.exists() and any(self.folder.iterdir()):
+            raise SpecdecError(f"--tap-cache {self.folder} holds files but no meta.json saying whose taps they "
+                               "are; give an empty or new folder.")
         else:
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = meta_file.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(self.meta, indent=1))
-            os.replace(tmp, meta_file)
+            _write_atomically(meta_file, lambda tmp: Path(tmp).write_text(json.dumps(self.meta, indent=1)))
 
     def _file(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}.safetensors"
@@ -90,8 +120,11 @@ class TapStore:
         for n, key in enumerate(keys):
             path = self._file(key)
             if path.exists():
-                held = load_file(path)
-                found[n] = torch.cat([held[f"layer.{i}"] for i in wanted], dim=-1)
+                try:
+                    held = load_file(path)
+                    found[n] = torch.cat([held[f"layer.{i}"] for i in wanted], dim=-1)
+                except (SafetensorError, KeyError, OSError):
+                    continue  # unreadable (a disk fault; writes are whole files): computed and written again
                 self.reads += 1
         missing = [n for n in range(count) if n not in found]
         if missing:
@@ -102,10 +135,8 @@ class TapStore:
                 taps = {f"layer.{i}": out.taps[i][j, :length].contiguous().cpu() for i in self.layer_ids}
                 path = self._file(keys[n])
                 path.parent.mkdir(exist_ok=True)
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                save_file(taps, tmp)
-                os.replace(tmp, path)  # whole files only: a run stopped mid-write leaves no half file
-                found[n] = torch.cat([taps[f"layer.{i}"] for i in wanted], dim=-1)
+                _write_atomically(path, lambda tmp, taps=taps: save_file(taps, tmp))
+                found[n] = torch.cat([out.taps[i][j, :length] for i in wanted], dim=-1)  # on the target's device
                 self.writes += 1
         feature = len(wanted) * int(target.hidden_size)
         result = torch.zeros(count, width, feature, dtype=target.dtype, device=tokens.device)
