@@ -31,7 +31,6 @@ from safetensors.torch import load_file, save_file
 from ..contracts import Target
 from ..errors import SpecdecError
 
-
 #: values of each weight tensor the fingerprint reads (evenly strided over the whole tensor)
 SAMPLED_VALUES = 4096
 
