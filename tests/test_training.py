@@ -768,6 +768,10 @@ def test_kept_taps_of_another_target_or_with_distillation_are_refused(tiny_setup
     result = CliRunner().invoke(main, common + ["--model", model_dir, "--out", str(tmp_path / "d"), "--opt",
                                                 "distill_top_k=4"])
     assert result.exit_code == 2 and "distillation (distill_top_k)" in result.output, result.output
+    with pytest.MonkeyPatch.context() as patch:  # an objective that reads the target's taps its own way
+        patch.setattr(DFlashObjective, "keeps_taps", False)
+        result = CliRunner().invoke(main, common + ["--model", model_dir, "--out", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "reads the target's taps its own way" in result.output, result.output
     (tmp_path / "taps" / "meta.json").unlink()  # files whose target nobody can tell any more
     result = CliRunner().invoke(main, common + ["--model", model_dir, "--out", str(tmp_path / "e")])
     assert result.exit_code == 2 and "holds files but no meta.json" in result.output, result.output
