@@ -382,10 +382,13 @@ def test_export_writes_zlabs_layout_back_and_refuses_the_others(tmp_path, target
         assert not (tmp_path / fmt).exists()
 
 
-def test_dflash2_is_no_default_without_a_shipped_draft_and_refuses_float16(tmp_path):
-    from specdec_dflash.dflash2_proposer import DFlash2Proposer
+def test_the_shipped_dflash2_draft_ranks_below_dflash_and_float16_is_refused(tmp_path):
+    from specdec.api import default_proposer
+    from specdec_dflash.dflash2_proposer import DFlash2Proposer, shipped_draft_available
 
-    assert not DFlash2Proposer.default_for(None)
+    assert shipped_draft_available() and DFlash2Proposer.default_for(None)
+    assert DFlash2Proposer.default_priority < 100 and default_proposer(None) == "dflash"
+    assert not DFlash2Proposer.default_for("some/other-target")
     half = tiny_model("llama", seed=3).half()
     with pytest.raises(SpecdecError, match="DFlash2 drafts overflow in float16"):
         SpeculativeDecoder.from_model(half, proposer="dflash2", draft=save_random_dflash2(tmp_path / "d"))

@@ -23,21 +23,31 @@ from pydantic import Field
 
 from specdec import Draft, tree
 from specdec.errors import SpecdecError
+from specdec.hidden_state import holds_draft
 
 from .checkpoint import read_config
 from .dflash2_model import CandidateSelector, DFlash2Config
 from .proposer import TREE_RUNNER_UPS, DFlashProposer, _Job, best_first_expand
+
+#: the DFlash2 draft this project trained for the embedded default target, shipped inside the package
+SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct-dflash2"
+
+
+def shipped_draft_available() -> bool:
+    return holds_draft(SHIPPED_DRAFT)
 
 
 class DFlash2Proposer(DFlashProposer):
     name = "dflash2"
     description = ("DFlash2: DFlash with dynamic convolutions in every layer and a candidate selector that "
                    "rescores each slot's top-k by the token before it (z-lab, 2026-08)")
-    default_priority = 90  # no shipped draft yet: a default only where a user's plugin ships one
-    shipped_draft = None
+    # below dflash: the shipped DFlash2 draft (1 layer, 120 CPU-minutes) accepts less than the shipped DFlash one
+    default_priority = 90
+    shipped_draft = SHIPPED_DRAFT
 
     class Config(DFlashProposer.Config):
-        draft: str | None = Field(None, description="DFlash2 checkpoint folder (z-lab's layout)")
+        draft: str | None = Field(None, description="DFlash2 checkpoint folder, z-lab's layout (default: the "
+                                  "shipped SmolLM2 DFlash2 draft)")
 
     def read_draft_config(self, folder: Path) -> DFlash2Config:
         if self.target.dtype == torch.float16:
