@@ -20,16 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ..contracts import Target
 from ..errors import SpecdecError
+from ..files import atomic_save_file, atomic_write_json
 
 #: values of each weight tensor the fingerprint reads (evenly strided over the whole tensor)
 SAMPLED_VALUES = 4096
@@ -51,19 +51,6 @@ def target_fingerprint(target: Target) -> str:
         digest.update(name.encode())
         digest.update(sample.float().cpu().numpy().tobytes())
     return digest.hexdigest()[:24]
-
-
-def _write_atomically(path: Path, write) -> None:
-    """write(temporary path), then rename it over `path`: readers see a whole file or none, also when several
-    processes (torchrun ranks, on one host or several sharing the folder) write the same file."""
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def sequence_key(tokens: torch.Tensor) -> str:
@@ -99,7 +86,7 @@ class TapStore:
                                "are; give an empty or new folder.")
         else:
             self.folder.mkdir(parents=True, exist_ok=True)
-            _write_atomically(meta_file, lambda tmp: Path(tmp).write_text(json.dumps(self.meta, indent=1)))
+            atomic_write_json(meta_file, self.meta)  # whole files only, also with several ranks writing
 
     def _file(self, key: str) -> Path:
         return self.folder / key[:2] / f"{key}.safetensors"
@@ -132,9 +119,7 @@ class TapStore:
             for j, n in enumerate(missing):
                 length = int(lengths[n])
                 taps = {f"layer.{i}": out.taps[i][j, :length].contiguous().cpu() for i in self.layer_ids}
-                path = self._file(keys[n])
-                path.parent.mkdir(exist_ok=True)
-                _write_atomically(path, lambda tmp, taps=taps: save_file(taps, tmp))
+                atomic_save_file(taps, self._file(keys[n]))
                 found[n] = torch.cat([out.taps[i][j, :length] for i in wanted], dim=-1)  # on the target's device
                 self.writes += 1
         feature = len(wanted) * int(target.hidden_size)
