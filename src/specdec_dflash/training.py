@@ -21,7 +21,7 @@ from specdec.backends import decoder_layers
 from specdec.errors import SpecdecError
 from specdec.target import TargetModel
 from specdec.training.data import DataDir
-from specdec.training.objective import ObjectiveConfig, TrainingObjective, target_shaped_fields
+from specdec.training.objective import ObjectiveConfig, TrainingObjective, master_dtype, target_shaped_fields
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .distillation import distillation_ce, soft_targets
@@ -139,8 +139,7 @@ class DFlashObjective(TrainingObjective):
     def __init__(self, config: Config, target: TargetModel, init: str | Path | None = None) -> None:
         super().__init__(config, target)
         draft = self._initial_draft(config, target, init)
-        # float32 master weights (bf16 autocast), or float64 beside a float64 target, which autocast leaves alone
-        self.draft = draft.to(torch.float64 if target.dtype == torch.float64 else torch.float32).train()
+        self.draft = draft.to(master_dtype(target)).train()
         self.vocab_ids: torch.Tensor | None = None
         self.vocab_source = ""
         if init is not None:

@@ -21,7 +21,7 @@ from pydantic import Field
 from specdec.draft_vocab import label_map, most_frequent
 from specdec.target import TargetModel
 from specdec.training.data import DataDir
-from specdec.training.objective import ObjectiveConfig, TrainingObjective, target_shaped_fields
+from specdec.training.objective import ObjectiveConfig, TrainingObjective, master_dtype, target_shaped_fields
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .model import Eagle3Config, Eagle3DraftModel
@@ -76,8 +76,7 @@ class Eagle3Objective(TrainingObjective):
             _init_weights(draft)
             if draft_config.draft_vocab_size == target.vocab_size:
                 self._use_vocabulary(draft, torch.arange(target.vocab_size, device=target.device))
-        # float32 master weights (bf16 autocast), or float64 beside a float64 target, which autocast leaves alone
-        self.draft = draft.to(torch.float64 if target.dtype == torch.float64 else torch.float32).train()
+        self.draft = draft.to(master_dtype(target)).train()
         self.vocab_source = "" if init is None else f"inherited from {init}"
         self.to_draft = self._label_map()
         self.weights = step_weights(config.ttt_steps, config.step_decay).tolist()

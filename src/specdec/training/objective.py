@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..contracts import ObjectiveConfig, Target, TrainingObjective
 
-__all__ = ["ObjectiveConfig", "TrainingObjective", "rope_theta_of", "target_shaped_fields"]
+__all__ = ["ObjectiveConfig", "TrainingObjective", "master_dtype", "rope_theta_of", "target_shaped_fields"]
+
+
+def master_dtype(target: Target) -> torch.dtype:
+    """The dtype a draft trains in beside `target`: float32 master weights (the forward runs under bf16
+    autocast), or float64 beside a float64 target, which autocast leaves alone (exact tests)."""
+    return torch.float64 if target.dtype == torch.float64 else torch.float32
 
 
 def rope_theta_of(config: Any) -> float:
