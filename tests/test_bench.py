@@ -123,6 +123,13 @@ def test_bench_end_to_end(folders, tmp_path):
     top = next(i for i, line in enumerate(lines) if line.startswith("| runner |"))
     header, rule, first = lines[top: top + 3]
     assert header.count("|") == rule.count("|") == first.count("|")  # the optional column lines up
+    # the time split per verification step: steps from the histogram, milliseconds from the seconds
+    split_at = lines.index("## Time split (seconds, summed over prompts)")
+    split = next(line for line in lines[split_at:] if line.startswith("| ngram |"))
+    cells = [c.strip() for c in split.strip("|").split("|")]
+    steps = sum(runners["ngram"]["acceptance_length_histogram"].values())
+    assert int(cells[6]) == steps
+    assert float(cells[7]) == pytest.approx(1e3 * runners["ngram"]["time_split_seconds"]["propose"] / steps, abs=0.006)
     for png in ("acceptance_lengths.png", "acceptance_per_position.png", "speedup.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -75,10 +75,15 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     split = {n: r["time_split_seconds"] for n, r in runners.items() if r["time_split_seconds"]}
     if split:
         lines += ["## Time split (seconds, summed over prompts)", "",
-                  "| runner | prefill | propose | verify | other | total |", "| --- |" + " ---: |" * 5]
+                  "| runner | prefill | propose | verify | other | total | steps | propose ms/step "
+                  "| verify ms/step |", "| --- |" + " ---: |" * 8]
         for name, s in split.items():
+            # steps: one per verification (the histogram counts each step's accepted length)
+            steps = sum((runners[name]["acceptance_length_histogram"] or {}).values())
+            per_step = (f"{steps} | {1e3 * s['propose'] / steps:.2f} | {1e3 * s['verify'] / steps:.2f}"
+                        if steps else "n/a | n/a | n/a")
             lines.append(f"| {name} | {s['prefill']:.3f} | {s['propose']:.3f} | {s['verify']:.3f} | "
-                         f"{s['other']:.3f} | {runners[name]['seconds']:.3f} |")
+                         f"{s['other']:.3f} | {runners[name]['seconds']:.3f} | {per_step} |")
         lines.append("")
     return "\n".join(lines)
 
