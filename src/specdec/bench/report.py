@@ -79,7 +79,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
                   "| verify ms/step |", "| --- |" + " ---: |" * 8]
         for name, s in split.items():
             # steps: one per verification (the histogram counts each step's accepted length)
-            steps = sum((runners[name]["acceptance_length_histogram"] or {}).values())
+            steps = sum((runners[name].get("acceptance_length_histogram") or {}).values())
             per_step = (f"{steps} | {1e3 * s['propose'] / steps:.2f} | {1e3 * s['verify'] / steps:.2f}"
                         if steps else "n/a | n/a | n/a")
             lines.append(f"| {name} | {s['prefill']:.3f} | {s['propose']:.3f} | {s['verify']:.3f} | "
