@@ -384,9 +384,9 @@ def test_export_writes_zlabs_layout_back_and_refuses_the_others(tmp_path, target
 
 def test_the_shipped_dflash2_draft_ranks_below_dflash_and_float16_is_refused(tmp_path):
     from specdec.api import default_proposer
-    from specdec_dflash.dflash2_proposer import DFlash2Proposer, shipped_draft_available
+    from specdec_dflash.dflash2_proposer import DFlash2Proposer
 
-    assert shipped_draft_available() and DFlash2Proposer.default_for(None)
+    assert DFlash2Proposer.has_shipped_draft() and DFlash2Proposer.default_for(None)
     assert DFlash2Proposer.default_priority < 100 and default_proposer(None) == "dflash"
     assert not DFlash2Proposer.default_for("some/other-target")
     half = tiny_model("llama", seed=3).half()

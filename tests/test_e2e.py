@@ -52,9 +52,9 @@ def test_cli_ngram_matches_transformers_generate(float32_target):
 
 def test_shipped_draft_is_the_default_and_lossless(float32_target):
     from specdec.api import default_proposer
-    from specdec_dflash.proposer import SHIPPED_DRAFT, shipped_draft_available
+    from specdec_dflash.proposer import SHIPPED_DRAFT, DFlashProposer
 
-    assert shipped_draft_available(), f"no draft shipped in {SHIPPED_DRAFT}"
+    assert DFlashProposer.has_shipped_draft(), f"no draft shipped in {SHIPPED_DRAFT}"
     assert default_proposer(None) == "dflash"
     decoder = SpeculativeDecoder.from_pretrained(dtype="float32")
     assert decoder.proposer.name == "dflash"
@@ -65,9 +65,9 @@ def test_shipped_draft_is_the_default_and_lossless(float32_target):
 
 
 def test_shipped_eagle3_draft_is_lossless(float32_target):
-    from specdec_eagle.proposer import SHIPPED_DRAFT, shipped_draft_available
+    from specdec_eagle.proposer import SHIPPED_DRAFT, Eagle3Proposer
 
-    assert shipped_draft_available(), f"no draft shipped in {SHIPPED_DRAFT}"
+    assert Eagle3Proposer.has_shipped_draft(), f"no draft shipped in {SHIPPED_DRAFT}"
     decoder = SpeculativeDecoder.from_pretrained(proposer="eagle3", dtype="float32")
     accepted, steps = lossless_acceptance(decoder, float32_target)
     # 2.81 here (float32, 64 tokens, 47 steps, its default tree); an untrained or broken draft scores ~1.0
@@ -75,9 +75,9 @@ def test_shipped_eagle3_draft_is_lossless(float32_target):
 
 
 def test_shipped_dflash2_draft_is_lossless(float32_target):
-    from specdec_dflash.dflash2_proposer import SHIPPED_DRAFT, shipped_draft_available
+    from specdec_dflash.dflash2_proposer import SHIPPED_DRAFT, DFlash2Proposer
 
-    assert shipped_draft_available(), f"no DFlash2 draft shipped in {SHIPPED_DRAFT}"
+    assert DFlash2Proposer.has_shipped_draft(), f"no DFlash2 draft shipped in {SHIPPED_DRAFT}"
     decoder = SpeculativeDecoder.from_pretrained(proposer="dflash2", dtype="float32", tree_size=0, lookup=0)
     accepted, steps = lossless_acceptance(decoder, float32_target)
     # Its chain, which tests the draft alone (no tree, no prompt lookup): 1.91 here (float32, 64 tokens, 69

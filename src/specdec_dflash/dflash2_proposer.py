@@ -23,7 +23,6 @@ from pydantic import Field
 
 from specdec import Draft, tree
 from specdec.errors import SpecdecError
-from specdec.hidden_state import holds_draft
 
 from .checkpoint import read_config
 from .dflash2_model import CandidateSelector, DFlash2Config
@@ -32,9 +31,6 @@ from .proposer import TREE_RUNNER_UPS, DFlashProposer, _Job, best_first_expand
 #: the DFlash2 draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct-dflash2"
 
-
-def shipped_draft_available() -> bool:
-    return holds_draft(SHIPPED_DRAFT)
 
 
 class DFlash2Proposer(DFlashProposer):

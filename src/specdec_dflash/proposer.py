@@ -15,7 +15,7 @@ from torch import nn
 
 from specdec import DecodeState, Draft, Proposer, tree
 from specdec.errors import SpecdecError
-from specdec.hidden_state import HiddenStateProposer, PendingTaps, holds_draft
+from specdec.hidden_state import HiddenStateProposer, PendingTaps
 from specdec.limits import (
     MAX_NGRAM,
     MAX_VERIFY_TOKENS,
@@ -79,9 +79,6 @@ class _Job(NamedTuple):
     block_positions: torch.Tensor  # [1, block_size]
     context: PendingTaps
 
-
-def shipped_draft_available() -> bool:
-    return holds_draft(SHIPPED_DRAFT)
 
 
 def best_first_paths(values: list[list[float]], ids: list[list[int]], size: int) -> list[list[int]]:

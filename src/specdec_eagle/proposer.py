@@ -11,7 +11,7 @@ import torch
 from pydantic import Field
 
 from specdec import DecodeState, Draft, Proposer
-from specdec.hidden_state import HiddenStateProposer, holds_draft
+from specdec.hidden_state import HiddenStateProposer
 from specdec.limits import MAX_VERIFY_TOKENS, VERIFY_WHY, at_most, check_draft_sizes
 from specdec.prepacked import route_through_packed
 from specdec.sampling import SamplingParams
@@ -23,9 +23,6 @@ from .model import Eagle3Cache, Eagle3Config
 #: the EAGLE-3 draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct"
 
-
-def shipped_draft_available() -> bool:
-    return holds_draft(SHIPPED_DRAFT)
 
 
 class Eagle3Proposer(HiddenStateProposer):
