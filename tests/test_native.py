@@ -24,7 +24,9 @@ def transformers_attention_kernel(request, monkeypatch):
     """Bit-identity to transformers is the claim of the path that runs transformers' attention kernel: batches of
     few new tokens per row take specdec's grouped attention on a CPU instead (faster, as accurate; tested below
     against its own claim), so these comparisons switch it off unless a test is about it."""
-    if "grouped" not in request.node.name:
+    if "grouped" in request.node.name:
+        monkeypatch.setattr(native_module, "GROUPED_ATTENTION", "grouped")
+    else:
         monkeypatch.setattr(native_module, "GROUPED_MAX_QUERIES", 0)
 
 
@@ -310,3 +312,48 @@ def test_grouped_attention_decodes_batches_as_transformers_does_in_float64(kind)
         assert torch.allclose(a.logits, b.logits, atol=1e-10, rtol=0)
         for layer in a.taps:
             assert torch.allclose(a.taps[layer], b.taps[layer], atol=1e-10, rtol=0)
+
+
+def test_grouped_attention_is_taken_where_the_probe_measures_it_clearly_faster(monkeypatch):
+    """"auto" asks the probe once per attention shape and takes grouped attention only at GROUPED_MARGIN times
+    the fused kernel's speed; "fused" and "grouped" pin the choice without probing."""
+    calls = []
+
+    def probe(heads, kv_heads, head_dim, dtype):
+        calls.append((heads, kv_heads, head_dim, dtype))
+        return timings[head_dim]  # (fused seconds, grouped seconds)
+
+    timings = {8: (1.0, 0.5), 16: (1.0, 0.8), 32: (0.2, 0.7)}
+    monkeypatch.setattr(native_module, "_probe_attention", probe)
+    monkeypatch.setattr(native_module, "_grouped_verdicts", {})
+    monkeypatch.setattr(native_module, "GROUPED_ATTENTION", "auto")
+    assert native_module.grouped_pays(6, 2, 8, torch.bfloat16)  # twice as fast: taken
+    assert not native_module.grouped_pays(6, 2, 16, torch.bfloat16)  # 1.25x: within the margin, fused
+    assert not native_module.grouped_pays(6, 2, 32, torch.bfloat16)  # slower: fused
+    assert native_module.grouped_pays(6, 2, 8, torch.bfloat16)
+    assert len(calls) == 3  # measured once per shape
+    for pinned, expected in (("grouped", True), ("fused", False)):
+        monkeypatch.setattr(native_module, "GROUPED_ATTENTION", pinned)
+        assert native_module.grouped_pays(6, 2, 32, torch.bfloat16) is expected
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("choice", ["fused", "grouped"])
+def test_batched_forward_takes_the_attention_grouped_pays_chooses(choice, monkeypatch):
+    monkeypatch.setattr(native_module, "GROUPED_ATTENTION", choice)
+    used = []
+    real = native_module.grouped_attention
+    monkeypatch.setattr(native_module, "grouped_attention", lambda *a: used.append(1) or real(*a))
+    native, reference = paired("llama", torch.float64)
+    prompt = torch.randint(0, 128, (3, 12), generator=torch.Generator().manual_seed(5))
+    native.prefill(prompt)
+    reference.prefill(prompt)
+    feed = torch.randint(0, 128, (3, 2), generator=torch.Generator().manual_seed(6))
+    a, b = native.forward(feed), reference.forward(feed)
+    assert torch.allclose(a.logits, b.logits, atol=1e-10, rtol=0)
+    assert bool(used) is (choice == "grouped")
+
+
+def test_attention_probe_times_both_kernels():
+    fused, grouped = native_module._probe_attention(6, 2, 8, torch.float32)
+    assert 0 < fused < 1 and 0 < grouped < 1

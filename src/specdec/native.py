@@ -22,6 +22,7 @@ replaced layers) keep the transformers forward: `unsupported_reason` says why.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,8 +100,57 @@ def projections(layer: nn.Module) -> tuple[nn.Module, ...]:
             mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
 
-#: a forward of several rows with at most this many new tokens per row takes `grouped_attention` on a CPU
+#: a forward of several rows with at most this many new tokens per row may take `grouped_attention` on a CPU
 GROUPED_MAX_QUERIES = 4
+#: which attention such a forward takes: "auto" (grouped_attention where a probe on this machine measures it
+#: GROUPED_MARGIN times faster than torch's fused kernel: `grouped_pays`), "grouped" or "fused"
+GROUPED_ATTENTION = "auto"
+#: how much faster grouped attention must measure to be taken: where the two are close, the choice stays the
+#: fused kernel's, so that timing noise does not flip it (and with it the rounding) from one process to the next
+GROUPED_MARGIN = 1.5
+_grouped_verdicts: dict[tuple[int, int, int, torch.dtype], bool] = {}  # (heads, kv heads, head dim, dtype)
+
+
+def grouped_pays(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether a CPU forward of several rows with few new tokens each takes `grouped_attention` (see
+    GROUPED_ATTENTION). The answer differs by machine: on one of this project's CPUs torch's fused kernel took
+    ~2.4 ms per layer where grouped attention took ~0.35 ms (16 rows of one token over 300 positions), on
+    another (Intel, AMX, torch 2.13) the fused kernel took 0.2 ms against grouped attention's 0.7. So it is
+    measured, once per process and attention shape, at first use."""
+    if GROUPED_ATTENTION != "auto":
+        return GROUPED_ATTENTION == "grouped"
+    key = (heads, kv_heads, head_dim, dtype)
+    if key not in _grouped_verdicts:
+        fused, grouped = _probe_attention(heads, kv_heads, head_dim, dtype)
+        _grouped_verdicts[key] = grouped * GROUPED_MARGIN <= fused
+    return _grouped_verdicts[key]
+
+
+@torch.inference_mode()
+def _probe_attention(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> tuple[float, float]:
+    """Seconds per call of torch's fused attention and of grouped_attention on the step they were first compared
+    on: 16 rows of one new token over 286-301 cached positions (rows of different lengths, so a per-row mask),
+    best of 5 after a warm-up each (a few milliseconds in all)."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [300 - b for b in range(16)]
+    total = max(lengths) + 1
+    q = torch.randn(16, heads, 1, head_dim, generator=generator).to(dtype)
+    k, v = (torch.randn(16, kv_heads, total, head_dim, generator=generator).to(dtype) for _ in range(2))
+    mask = row_mask(lengths, 1, None, torch.device("cpu"))  # [16, 1, total]
+    scale = head_dim ** -0.5
+    return (_best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale,
+                                                                 enable_gqa=True)),
+            _best_seconds(lambda: grouped_attention(q, k, v, mask, scale)))
+
+
+def _best_seconds(call: Any, repeats: int = 5) -> float:
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -208,8 +258,10 @@ class NativeForward:
             mask4d = None if attention_mask is None else attention_mask[None, None]
             sdpa_mask = attention_mask
         cpu_gqa = x.device.type == "cpu" and kv_heads != heads and head_dim <= 256
-        # several rows decoding a few tokens each: grouped_attention (one row keeps transformers' kernel)
-        grouped = x.device.type == "cpu" and batch > 1 and n <= GROUPED_MAX_QUERIES and heads % kv_heads == 0
+        # several rows decoding a few tokens each: grouped_attention where it pays on this machine (one row keeps
+        # transformers' kernel)
+        grouped = (x.device.type == "cpu" and batch > 1 and n <= GROUPED_MAX_QUERIES and heads % kv_heads == 0
+                   and grouped_pays(heads, kv_heads, head_dim, x.dtype))
         grouped_mask = attention_mask
         if grouped and attention_mask is None and n > 1:  # causal among the new tokens, all of the past
             grouped_mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril_(start)
