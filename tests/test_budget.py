@@ -39,41 +39,6 @@ def test_cheap_wide_forwards_verify_long_drafts_and_dear_ones_none():
     assert _measured(flat, 6).choose(1, 8) == [None]  # one row verifies its whole draft
 
 
-class _TimedTarget:
-    """A target whose forward only records the widths it was asked for."""
-
-    def __init__(self) -> None:
-        self.widths: list[int] = []
-        self.crops: list[list[int]] = []
-
-    def forward(self, feed: torch.Tensor) -> None:
-        self.widths.append(feed.shape[1])
-
-    def crop(self, lengths: list[int]) -> None:
-        self.crops.append(list(lengths))
-
-
-def test_probe_widths_straddle_the_kernels_power_of_two_steps_within_a_token_cap():
-    for rows, expected in ((4, [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33]), (32, [1, 2, 3, 4, 5, 8, 9, 16]),
-                           (256, [1, 2])):
-        target, budget = _TimedTarget(), DraftBudget()
-        budget.probe(target, rows, torch.zeros(rows, 1, dtype=torch.long), [5] * rows)
-        assert sorted(set(target.widths)) == expected
-        assert [w for w, _ in budget.costs[rows]] == expected
-        assert target.crops == [[5] * rows] * len(target.widths)  # every probe forward rolled back
-
-
-def test_a_step_in_the_forward_cost_is_not_interpolated_away_and_wider_forwards_never_get_cheaper():
-    budget = DraftBudget()
-    budget.costs[4] = [(1, 0.030), (2, 0.031), (9, 0.040), (16, 0.046), (17, 0.059), (32, 0.080), (33, 0.079)]
-    for _ in range(400):
-        budget.record(40, list(range(40)))  # every drafted token accepted
-    budget.draft_seconds[4], budget.plain_seconds[4] = 0.001, 0.0005
-    assert budget.choose(4, 16) == [15] * 4  # width 16, not 17, past the step
-    assert budget.forward_seconds(4, 48) > budget.forward_seconds(4, 33)  # past the widest: by proportion
-    assert budget.forward_seconds(4, 66) == 2 * budget.forward_seconds(4, 33)
-
-
 def test_drafting_time_is_kept_per_batch_bucket_and_measured_afresh():
     """A drafting time measured at another batch size (e.g. the last rows of a call, alone) does not decide this
     one's; a bucket that stopped drafting drafts again after a while, so a stale time cannot keep it off."""

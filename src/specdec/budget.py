@@ -8,10 +8,9 @@ tokens per second,
     rate(m) = B * E(m) / (t(B, 1 + m) + B * d(m > 0))
 
 where t(B, w) is the measured time of a forward of B rows of w tokens (probed once per batch size bucket on
-the live batch, then rolled back; at widths beside the steps of the target's product kernels, see _WIDTHS);
-d the measured time per row of the rest of a step (drafting, verifying, the proposers' bookkeeping), kept per
-batch size bucket (a batched draft forward is shared by the rows) and apart for steps that draft and steps that
-do not; and E(m) = 1 + the mean number
+the live batch, then rolled back); d the measured time per row of the rest of a step (drafting, verifying, the
+proposers' bookkeeping), kept per batch size bucket (a batched draft forward is shared by the rows) and apart
+for steps that draft and steps that do not; and E(m) = 1 + the mean number
 of draft tokens that would have been accepted had the draft been cut to its first m tokens, read off every
 verdict (the accepted path of a chain or tree: parents come before children, so any prefix of a draft is a
 draft). At m = 0 the proposer is not asked at all: at large batches this is plain batched decoding. A bucket
@@ -33,14 +32,8 @@ from .contracts import Draft
 
 #: batch sizes are probed in these buckets (a batch of 5 to 8 rows uses the probe at 8)
 _BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)
-#: forward widths (1 + draft tokens per row) probed per bucket: powers of two and one past each, because a
-#: target's product kernels change at row counts (rows x width) that are powers of two (the native forward's
-#: prepacked products end at 64: at 4 rows, width 16 costs 46 ms and width 17 costs 59 on this project's CPU),
-#: and for the power-of-two buckets those counts fall on these widths; interpolating across such a step
-#: misjudged the widths beside it. Widths past _PROBE_MAX_TOKENS tokens in all are left out (2 is always in);
-#: wider forwards are estimated in proportion to their width.
-_WIDTHS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33)
-_PROBE_MAX_TOKENS = 512
+#: forward widths (1 + draft tokens per row) probed per bucket; wider ones are extrapolated linearly
+_WIDTHS = (1, 2, 3, 5, 9, 17)
 #: rows' steps seen before the estimates are trusted
 _WARMUP_STEPS = 8
 #: the upper-confidence margin on E(m) after n steps is min(1, _EXPLORATION / sqrt(1 + n)) tokens
@@ -99,7 +92,7 @@ class DraftBudget:
         """Time forwards of each width on the live batch (`feed_row` [B, 1]: each row's last token, repeated),
         rolling the cache back to `lengths` after each: nothing of it reaches any row."""
         timings = []
-        for width in (w for w in _WIDTHS if w <= 2 or w * bucket(rows) <= _PROBE_MAX_TOKENS):
+        for width in _WIDTHS:
             feed = feed_row.expand(-1, width).contiguous()
             best = float("inf")
             for _ in range(2):
@@ -118,8 +111,8 @@ class DraftBudget:
         for (w0, t0), (w1, t1) in zip(table, table[1:], strict=False):
             if width <= w1:
                 return scale * (t0 + (t1 - t0) * (width - w0) / (w1 - w0))
-        widest, seconds = table[-1]  # past it the forward is bound by arithmetic: cost in proportion to tokens
-        return scale * seconds * width / widest
+        (w0, t0), (w1, t1) = table[-2], table[-1]
+        return scale * (t1 + (t1 - t0) * (width - w1) / (w1 - w0))
 
     # -- choosing ------------------------------------------------------------------------------------------
     def needs_probe(self, rows: int) -> bool:
