@@ -1,0 +1,71 @@
+"""Batched decoding with grouped attention against torch's fused kernel, in one process, interleaved.
+
+    python scripts/attention_ab.py [--prompts 20] [--batch 4] [--rounds 2] [--tokens 256]
+
+One embedded target (bf16, native forward), one decoder per runner: plain batched decoding and `dflash` (the
+adaptive budget), each with `specdec.native.GROUPED_ATTENTION` pinned to "grouped" and to "fused" before its
+passes; GSM8K first turns; a warm-up each, then rounds in a rotating order; prints each pass and the median
+tokens/s with mean acceptance (docs/benchmarks.md, "Fused attention for batches").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import specdec.native as native
+from specdec import loading
+from specdec.api import SpeculativeDecoder, build_proposer_config
+from specdec.plugins import get_proposer_class
+from specdec.target import TargetModel
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--data", default="../shared/datasets/gsm8k.jsonl")
+    args = parser.parse_args()
+    with open(args.data) as lines:
+        prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
+    model, tokenizer = loading.load_model(None, torch.bfloat16, torch.device("cpu"))
+    target = TargetModel(model, tokenizer, cache="native")
+    runners = {f"{proposer}-{attention}": (proposer, attention)
+               for proposer in ("autoregressive", "dflash") for attention in ("grouped", "fused")}
+    decoders = {name: SpeculativeDecoder(target, get_proposer_class(proposer)(build_proposer_config(proposer, {}),
+                                                                              target))
+                for name, (proposer, _) in runners.items()}
+    ids = [decoders["autoregressive-fused"].encode_prompt(p)[0] for p in prompts]
+
+    def run(name: str, batch_ids: list[torch.Tensor], tokens: int) -> tuple[float, float]:
+        native.GROUPED_ATTENTION = runners[name][1]
+        start = time.perf_counter()
+        outs = decoders[name].generate_ids(batch_ids, max_new_tokens=tokens, batch_size=args.batch)
+        seconds = time.perf_counter() - start
+        total = sum(len(o.token_ids) for o in outs)
+        return total / seconds, total / sum(len(o.stats.acceptance_lengths) for o in outs)
+
+    for name in runners:
+        run(name, ids[: args.batch], 16)
+    passes: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
+    order = list(runners)
+    for r in range(args.rounds):
+        for name in order[r % len(order):] + order[: r % len(order)]:
+            passes[name].append(run(name, ids, args.tokens))
+            print(f"round {r} {name}: {passes[name][-1][0]:.1f} tok/s, acceptance {passes[name][-1][1]:.2f}",
+                  flush=True)
+    print(f"| runner (batch {args.batch}) | tokens/s (median) | passes | mean acceptance |")
+    print("| --- | ---: | --- | ---: |")
+    for name, got in passes.items():
+        print(f"| {name} | {statistics.median(p[0] for p in got):.1f} | {', '.join(f'{p[0]:.1f}' for p in got)} "
+              f"| {statistics.median(p[1] for p in got):.2f} |")
+
+
+if __name__ == "__main__":
+    main()

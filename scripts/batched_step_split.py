@@ -1,0 +1,76 @@
+"""Where a batched `dflash` step's time goes: wall time inside the engine's and the proposer's parts, per step.
+
+    python scripts/batched_step_split.py [--prompts 20] [--batch 4] [--tokens 256]
+
+The embedded target in bf16 with the shipped draft and the adaptive budget, GSM8K first turns, one warm-up
+call; each part is timed by wrapping it (perf_counter around the call), so nested parts are inside their
+callers (draft.forward_rows inside propose) and `step` holds all but admit (the prefill of joining rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import time
+
+import specdec.engine as engine
+import specdec.target as target
+import specdec_dflash.model as draft_model
+import specdec_dflash.proposer as dflash
+from specdec.api import SpeculativeDecoder
+
+seconds: collections.Counter = collections.Counter()
+calls: collections.Counter = collections.Counter()
+
+
+def timed(owner: object, attribute: str, label: str) -> None:
+    inner = getattr(owner, attribute)
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            seconds[label] += time.perf_counter() - start
+            calls[label] += 1
+
+    setattr(owner, attribute, wrapper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--data", default="../shared/datasets/gsm8k.jsonl")
+    args = parser.parse_args()
+    for owner, attribute, label in (
+            (engine.Engine, "step", "step"), (engine.Engine, "admit", "admit (prefill)"),
+            (engine.Engine, "_propose", "propose"), (engine, "verify_groups", "verify"),
+            (target.TargetModel, "forward", "target forward"), (target.TargetModel, "retain", "cache retain"),
+            (draft_model.DFlashDraftModel, "forward_rows", "draft forward"), (dflash.DFlashProposer, "_tree", "trees"),
+            (dflash.DFlashProposer, "_head_logits", "draft head"), (engine, "row_output", "row outputs")):
+        timed(owner, attribute, label)
+    with open(args.data) as lines:
+        prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
+    decoder = SpeculativeDecoder.from_pretrained(proposer="dflash", dtype="bfloat16")
+    decoder.generate(prompts[: args.batch], max_new_tokens=32, batch_size=args.batch)
+    seconds.clear()
+    calls.clear()
+    start = time.perf_counter()
+    outs = decoder.generate(prompts, max_new_tokens=args.tokens, batch_size=args.batch)
+    wall = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outs)
+    steps = calls["step"]
+    print(f"batch {args.batch}: {tokens / wall:.1f} tok/s, {steps} steps, {wall:.1f} s, mean acceptance "
+          f"{tokens / sum(len(o.stats.acceptance_lengths) for o in outs):.2f}")
+    print("| part | seconds | ms per step | calls |\n| --- | ---: | ---: | ---: |")
+    for label, total in sorted(seconds.items(), key=lambda item: -item[1]):
+        print(f"| {label} | {total:.2f} | {total / steps * 1e3:.2f} | {calls[label]} |")
+
+
+if __name__ == "__main__":
+    main()
