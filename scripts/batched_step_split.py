@@ -5,6 +5,8 @@
 The embedded target in bf16 with the shipped draft and the adaptive budget, GSM8K first turns, one warm-up
 call; each part is timed by wrapping it (perf_counter around the call), so nested parts are inside their
 callers (draft.forward_rows inside propose) and `step` holds all but admit (the prefill of joining rows).
+Then the adaptive budget's state: the draft tokens per row it chose at this batch size, with how many steps
+each, and the forward costs it probed per batch-size bucket.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 import json
 import time
 
+import specdec.budget as budget
 import specdec.engine as engine
 import specdec.target as target
 import specdec_dflash.model as draft_model
@@ -23,6 +26,17 @@ from specdec.api import SpeculativeDecoder
 
 seconds: collections.Counter = collections.Counter()
 calls: collections.Counter = collections.Counter()
+choices: collections.Counter = collections.Counter()  # (rows, draft tokens per row) -> steps
+
+
+def counted_choose(choose):
+    @functools.wraps(choose)
+    def wrapper(self, rows, most):
+        chosen = choose(self, rows, most)
+        choices[(rows, chosen[0])] += 1
+        return chosen
+
+    return wrapper
 
 
 def timed(owner: object, attribute: str, label: str) -> None:
@@ -54,12 +68,14 @@ def main() -> None:
             (draft_model.DFlashDraftModel, "forward_rows", "draft forward"), (dflash.DFlashProposer, "_tree", "trees"),
             (dflash.DFlashProposer, "_head_logits", "draft head"), (engine, "row_output", "row outputs")):
         timed(owner, attribute, label)
+    budget.DraftBudget.choose = counted_choose(budget.DraftBudget.choose)
     with open(args.data) as lines:
         prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
     decoder = SpeculativeDecoder.from_pretrained(proposer="dflash", dtype="bfloat16")
     decoder.generate(prompts[: args.batch], max_new_tokens=32, batch_size=args.batch)
     seconds.clear()
     calls.clear()
+    choices.clear()
     start = time.perf_counter()
     outs = decoder.generate(prompts, max_new_tokens=args.tokens, batch_size=args.batch)
     wall = time.perf_counter() - start
@@ -70,6 +86,11 @@ def main() -> None:
     print("| part | seconds | ms per step | calls |\n| --- | ---: | ---: | ---: |")
     for label, total in sorted(seconds.items(), key=lambda item: -item[1]):
         print(f"| {label} | {total:.2f} | {total / steps * 1e3:.2f} | {calls[label]} |")
+    chosen = sorted(((m, n) for (rows, m), n in choices.items() if rows == args.batch), key=lambda c: -c[1])
+    print(f"draft tokens per row chosen at {args.batch} rows (tokens: steps):",
+          ", ".join(f"{'all' if m is None else m}: {n}" for m, n in chosen))
+    for rows, table in sorted(decoder.engine.budget.costs.items()):
+        print(f"probed forward costs, bucket {rows}:", ", ".join(f"{w}: {t * 1e3:.1f} ms" for w, t in table))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ draft length from forward costs, and cutting drafts to a prefix."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import plain_greedy, tiny_model
 
@@ -37,6 +38,32 @@ def test_cheap_wide_forwards_verify_long_drafts_and_dear_ones_none():
     assert _measured(steep, 6).choose(8, 8) == [0] * 8
     assert _measured(flat, 0).choose(8, 8) == [0] * 8  # nothing is ever accepted: no drafting
     assert _measured(flat, 6).choose(1, 8) == [None]  # one row verifies its whole draft
+
+
+def test_a_moment_of_slowness_during_the_probe_does_not_set_one_widths_cost(monkeypatch):
+    """Widths take turns within each probe round and each keeps its least time, so two slow forwards in a row
+    (another process taking the CPU) inflate one try of two widths, not every try of one."""
+    import specdec.budget as budget_module
+
+    true_cost = {w: 0.030 + 0.001 * w for w in budget_module._WIDTHS}
+    clock = [0.0]
+
+    class Target:
+        forwards = 0
+
+        def forward(self, feed):
+            self.forwards += 1
+            slow = 10 if self.forwards in (3, 4) else 1  # the 3rd and 4th forwards of the probe crawl
+            clock[0] += true_cost[feed.shape[1]] * slow
+
+        def crop(self, lengths):
+            pass
+
+    monkeypatch.setattr(budget_module.time, "perf_counter", lambda: clock[0])
+    budget = DraftBudget()
+    budget.probe(Target(), 4, torch.zeros(4, 1, dtype=torch.long), [5] * 4)
+    assert [w for w, _ in budget.costs[4]] == list(budget_module._WIDTHS)
+    assert [s for _, s in budget.costs[4]] == pytest.approx([true_cost[w] for w in budget_module._WIDTHS])
 
 
 def test_drafting_time_is_kept_per_batch_bucket_and_measured_afresh():
