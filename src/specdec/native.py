@@ -23,7 +23,7 @@ replaced layers) keep the transformers forward: `unsupported_reason` says why.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -143,7 +143,8 @@ def _probe_attention(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtyp
             _best_seconds(lambda: grouped_attention(q, k, v, mask, scale)))
 
 
-def _best_seconds(call: Any, repeats: int = 5) -> float:
+def _best_seconds(call: Callable[[], object], repeats: int = 5) -> float:
+    """The least wall time of `repeats` calls, after one untimed call."""
     call()
     best = float("inf")
     for _ in range(repeats):
