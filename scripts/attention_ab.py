@@ -1,11 +1,14 @@
-"""Batched decoding with grouped attention against torch's fused kernel, in one process, interleaved.
+"""Batched decoding with one attention choice against another, in one process, interleaved.
 
     python scripts/attention_ab.py [--prompts 20] [--batch 4] [--rounds 2] [--tokens 256]
+        [--switch GROUPED_ATTENTION --values grouped,fused]
 
 One embedded target (bf16, native forward), one decoder per runner: plain batched decoding and `dflash` (the
-adaptive budget), each with `specdec.native.GROUPED_ATTENTION` pinned to "grouped" and to "fused" before its
-passes; GSM8K first turns; a warm-up each, then rounds in a rotating order; prints each pass and the median
-tokens/s with mean acceptance (docs/benchmarks.md, "Fused attention for batches").
+adaptive budget), each with the `specdec.native` switch (`--switch`: GROUPED_ATTENTION, grouped attention
+against torch's fused kernel; FOLDED_ATTENTION with `--values folded,fused`, query heads folded into queries
+or not) pinned to each value before its passes; GSM8K first turns; a warm-up each, then rounds in a rotating
+order; prints each pass and the median tokens/s with mean acceptance (docs/benchmarks.md, "Fused attention for
+batches", "Folded attention").
 """
 
 from __future__ import annotations
@@ -31,20 +34,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--data", default="../shared/datasets/gsm8k.jsonl")
+    parser.add_argument("--switch", default="GROUPED_ATTENTION", choices=["GROUPED_ATTENTION", "FOLDED_ATTENTION"])
+    parser.add_argument("--values", default="grouped,fused")
     args = parser.parse_args()
     with open(args.data) as lines:
         prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
     model, tokenizer = loading.load_model(None, torch.bfloat16, torch.device("cpu"))
     target = TargetModel(model, tokenizer, cache="native")
     runners = {f"{proposer}-{attention}": (proposer, attention)
-               for proposer in ("autoregressive", "dflash") for attention in ("grouped", "fused")}
+               for proposer in ("autoregressive", "dflash") for attention in args.values.split(",")}
     decoders = {name: SpeculativeDecoder(target, get_proposer_class(proposer)(build_proposer_config(proposer, {}),
                                                                               target))
                 for name, (proposer, _) in runners.items()}
-    ids = [decoders["autoregressive-fused"].encode_prompt(p)[0] for p in prompts]
+    ids = [next(iter(decoders.values())).encode_prompt(p)[0] for p in prompts]
 
     def run(name: str, batch_ids: list[torch.Tensor], tokens: int) -> tuple[float, float]:
-        native.GROUPED_ATTENTION = runners[name][1]
+        setattr(native, args.switch, runners[name][1])
         start = time.perf_counter()
         outs = decoders[name].generate_ids(batch_ids, max_new_tokens=tokens, batch_size=args.batch)
         seconds = time.perf_counter() - start

@@ -22,12 +22,15 @@ from specdec.tree import from_paths
 @pytest.fixture(autouse=True)
 def transformers_attention_kernel(request, monkeypatch):
     """Bit-identity to transformers is the claim of the path that runs transformers' attention kernel: batches of
-    few new tokens per row take specdec's grouped attention on a CPU instead (faster, as accurate; tested below
-    against its own claim), so these comparisons switch it off unless a test is about it."""
+    few new tokens per row take specdec's grouped attention or the fused kernel with query heads folded on a CPU
+    instead (faster, as accurate; tested below against their own claims), so these comparisons switch them off
+    unless a test is about them."""
     if "grouped" in request.node.name:
         monkeypatch.setattr(native_module, "GROUPED_ATTENTION", "grouped")
     else:
         monkeypatch.setattr(native_module, "GROUPED_MAX_QUERIES", 0)
+    if "folded" not in request.node.name:  # the folded layout: the same kernel, but rounding may differ by shape
+        monkeypatch.setattr(native_module, "FOLDED_ATTENTION", "fused")
 
 
 def paired(kind: str, dtype: torch.dtype, seed: int = 0, **kwargs) -> tuple[TargetModel, TargetModel]:
@@ -357,3 +360,84 @@ def test_batched_forward_takes_the_attention_grouped_pays_chooses(choice, monkey
 def test_attention_probe_times_both_kernels():
     fused, grouped = native_module._probe_attention(6, 2, 8, torch.float32)
     assert 0 < fused < 1 and 0 < grouped < 1
+
+
+@pytest.mark.parametrize("per_row_mask", [False, True])
+@pytest.mark.parametrize("n", [2, 5])
+def test_folded_attention_equals_attention_with_repeated_heads(n, per_row_mask):
+    gen = torch.Generator().manual_seed(n)
+    q = torch.randn(3, 6, n, 8, dtype=torch.float64, generator=gen)
+    total = 17 + n
+    k, v = (torch.randn(3, 2, total, 8, dtype=torch.float64, generator=gen) for _ in range(2))
+    if per_row_mask:
+        mask = native_module.row_mask([11, 17, 14], n, None, torch.device("cpu"))
+    else:
+        mask = torch.ones(n, total, dtype=torch.bool).tril_(total - n)
+    folded = native_module.fold_mask(mask, 3)
+    assert folded.shape == ((3 if per_row_mask else 1), 1, 3 * n, total)
+    got = native_module.folded_attention(q, k, v, folded, 0.3)
+    assert torch.allclose(got, _reference_attention(q, k, v, mask, 0.3), atol=1e-12, rtol=0)
+
+
+def test_folded_attention_is_taken_where_the_probe_measures_it_faster(monkeypatch):
+    """"auto" asks the probe once per attention shape and folds only at FOLD_MARGIN times the grouped-query
+    layout's speed; "fused" and "folded" pin the choice without probing."""
+    calls = []
+
+    def probe(heads, kv_heads, head_dim, dtype):
+        calls.append((heads, kv_heads, head_dim, dtype))
+        return timings[head_dim]  # (grouped-query layout seconds, folded seconds)
+
+    timings = {8: (1.0, 0.5), 16: (1.0, 0.9), 32: (0.2, 0.7)}
+    monkeypatch.setattr(native_module, "_probe_folding", probe)
+    monkeypatch.setattr(native_module, "_folded_verdicts", {})
+    monkeypatch.setattr(native_module, "FOLDED_ATTENTION", "auto")
+    assert native_module.folding_pays(6, 2, 8, torch.bfloat16)
+    assert not native_module.folding_pays(6, 2, 16, torch.bfloat16)  # within the margin
+    assert not native_module.folding_pays(6, 2, 32, torch.bfloat16)
+    assert native_module.folding_pays(6, 2, 8, torch.bfloat16)
+    assert len(calls) == 3
+    for pinned, expected in (("folded", True), ("fused", False)):
+        monkeypatch.setattr(native_module, "FOLDED_ATTENTION", pinned)
+        assert native_module.folding_pays(6, 2, 32, torch.bfloat16) is expected
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+@pytest.mark.parametrize("choice", ["fused", "folded"])
+def test_batched_forward_takes_the_folded_layout_folding_pays_chooses(choice, ragged, monkeypatch):
+    """Rows verifying 2 .. FOLD_MAX_QUERIES / group tokens each fold when chosen, and match transformers in
+    float64 (one length, and rows of different lengths against each row alone); one token per row, or more
+    than the limit, never folds."""
+    monkeypatch.setattr(native_module, "FOLDED_ATTENTION", choice)
+    monkeypatch.setattr(native_module, "FOLD_MAX_QUERIES", 8)  # group 2: up to 4 tokens per row
+    used = []
+    real = native_module.folded_attention
+    monkeypatch.setattr(native_module, "folded_attention", lambda *a: used.append(a[0].shape[2]) or real(*a))
+    native, reference = paired("llama", torch.float64)
+    gen = torch.Generator().manual_seed(5)
+    if ragged:
+        prompts = [torch.randint(0, 128, (length,), generator=gen) for length in (12, 7, 10)]
+        native.add_rows(prompts)
+    else:
+        prompt = torch.randint(0, 128, (3, 12), generator=gen)
+        native.prefill(prompt)
+        reference.prefill(prompt)
+    for n in (1, 2, 4, 5):
+        feed = torch.randint(0, 128, (3, n), generator=gen)
+        got = native.forward(feed).logits
+        if ragged:  # each row against that row alone through transformers
+            for row, prompt in enumerate(prompts):
+                alone = TargetModel(reference.model, cache="dynamic")
+                alone.prefill(prompt.unsqueeze(0))
+                expected = alone.forward(feed[row: row + 1]).logits
+                assert torch.allclose(got[row: row + 1], expected, atol=1e-10, rtol=0)
+                prompts[row] = torch.cat([prompt, feed[row]])
+        else:
+            assert torch.allclose(got, reference.forward(feed).logits, atol=1e-10, rtol=0)
+    assert set(used) == ({2, 4} if choice == "folded" else set())  # new tokens per row of the folded forwards
+
+
+def test_folding_probe_times_both_layouts():
+    layout, folded = native_module._probe_folding(6, 2, 8, torch.float32)
+    assert 0 < layout < 1 and 0 < folded < 1
