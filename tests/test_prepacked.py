@@ -51,6 +51,21 @@ def test_packed_products_are_bit_identical_to_f_linear_at_every_row_count_they_s
 
 
 @needs_onednn
+def test_inexact_products_take_the_packed_weight_up_to_their_own_limit_as_accurately(monkeypatch):
+    """exact=False (a forward of several rows) packs products past MAX_ROWS, up to INEXACT_MAX_ROWS; the result
+    is as close to a float64 product as F.linear's."""
+    (module,) = linears((96, 64))
+    packs = PrepackedLinears([module])
+    calls = count_packed_calls(monkeypatch)
+    for rows in (3, 65, 96, 256, 257):
+        x = torch.randn(1, rows, 64).to(torch.bfloat16)
+        exact = (x.double() @ module.weight.double().T)
+        got, plain = packs.linear(x, module, exact=False), F.linear(x, module.weight)
+        assert (got.double() - exact).abs().max() <= (plain.double() - exact).abs().max() * 1.01 + 1e-6
+    assert calls == [3, 65, 96, 256]  # 257 rows keep F.linear
+
+
+@needs_onednn
 def test_a_weight_changed_in_place_or_replaced_is_never_read_stale(monkeypatch):
     (module,) = linears((96, 64))
     packs = PrepackedLinears([module])
@@ -168,6 +183,28 @@ def test_a_packed_target_matches_transformers_bit_for_bit(kind, prompt_length, s
         keep = native.cache_length - min(rejected, n - 1)
         native.crop(keep)
         reference.crop(keep)
+
+
+@needs_onednn
+def test_a_forward_of_several_rows_packs_products_past_the_exact_limit(monkeypatch):
+    """One row keeps products past MAX_ROWS on F.linear (bit-identity to transformers); several rows pack them
+    (INEXACT_MAX_ROWS), and each row's logits stay as close to that row run alone as rounding allows."""
+    model = tiny_model("llama", dtype=torch.bfloat16, hidden=128)
+    target = TargetModel(model, cache="native")
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 128, (length,), generator=gen) for length in (9, 14, 11)]
+    feed = torch.randint(0, 128, (3, 70), generator=gen)  # 210 rows of products, 70 for a row alone
+    target.add_rows(prompts)
+    calls = count_packed_calls(monkeypatch)
+    batched = target.forward(feed).logits.double()
+    assert 210 in calls
+    for row, prompt in enumerate(prompts):
+        alone = TargetModel(model, cache="native")
+        alone.prefill(prompt.unsqueeze(0))
+        calls.clear()
+        expected = alone.forward(feed[row: row + 1]).logits.double()
+        assert 70 not in calls  # F.linear, as transformers
+        assert (batched[row] - expected[0]).abs().max() < 0.1 * expected.abs().max()
 
 
 @needs_onednn

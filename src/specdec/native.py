@@ -22,6 +22,7 @@ replaced layers) keep the transformers forward: `unsupported_reason` says why.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -337,7 +338,9 @@ class NativeForward:
         if folded:
             folded_mask = fold_mask(attention_mask if attention_mask is not None else  # None: causal, no past
                                     torch.ones(n, n, dtype=torch.bool, device=x.device).tril_(), heads // kv_heads)
-        linear = self.prepacked.linear
+        # one row keeps products bit-identical to transformers'; several rows (already equal to each row alone
+        # only up to rounding) take the packed weights for wider products too
+        linear = self.prepacked.linear if batch == 1 else functools.partial(self.prepacked.linear, exact=False)
         taps: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             attention, mlp = layer.self_attn, layer.mlp
