@@ -66,6 +66,37 @@ def test_a_moment_of_slowness_during_the_probe_does_not_set_one_widths_cost(monk
     assert [s for _, s in budget.costs[4]] == pytest.approx([true_cost[w] for w in budget_module._WIDTHS])
 
 
+def test_the_steps_real_forwards_correct_the_probed_costs():
+    """A width that steps ran takes the moving average of its real times; the others, their probed times scaled
+    by the real times' ratio to the probed ones: so a probe that underrates what steps cost (tree masks, longer
+    contexts) stops deciding the draft length once steps have run."""
+    budget = DraftBudget()
+    budget.costs[4] = [(1, 0.030), (2, 0.032), (3, 0.034), (5, 0.036), (9, 0.040), (17, 0.080)]
+    assert budget.forward_seconds(4, 9) == pytest.approx(0.040)
+    assert budget.forward_seconds(3, 9) == pytest.approx(0.030)  # 3 rows of the bucket of 4
+    for _ in range(60):
+        budget.record_forward(4, 9, 0.048)  # real steps of width 9: 20% dearer than probed
+    assert budget.forward_seconds(4, 9) == pytest.approx(0.048)
+    assert budget.forward_seconds(4, 13) == pytest.approx(0.060 * 1.2, rel=1e-3)  # interpolated, corrected
+    budget.record_forward(3, 5, 0.0324)  # 3 rows: 0.0432 for the bucket's 4
+    assert budget.forward_seconds(4, 5) == pytest.approx(0.0432)
+    budget.record_forward(16, 5, 1.0)  # a bucket not probed yet: nothing to correct
+    assert 16 not in budget.observed
+
+
+def test_a_width_seen_dearer_than_probed_is_chosen_less():
+    budget = DraftBudget()
+    budget.costs[4] = [(1, 0.030), (2, 0.032), (3, 0.034), (5, 0.036), (9, 0.040), (17, 0.080)]
+    for _ in range(400):
+        budget.record(16, list(range(16)))  # every draft token accepted
+    budget.draft_seconds[4] = budget.plain_seconds[4] = 0.0
+    assert budget.choose(4, 16) == [8] * 4  # probed: 9 tokens per row in 40 ms beat 17 in 80
+    for _ in range(60):
+        budget.record_forward(4, 9, 0.060)  # but real steps of 9 take 60 ms, of 17 the 80 probed
+        budget.record_forward(4, 17, 0.080)
+    assert budget.choose(4, 16) == [16] * 4
+
+
 def test_drafting_time_is_kept_per_batch_bucket_and_measured_afresh():
     """A drafting time measured at another batch size (e.g. the last rows of a call, alone) does not decide this
     one's; a bucket that stopped drafting drafts again after a while, so a stale time cannot keep it off."""

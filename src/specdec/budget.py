@@ -7,11 +7,16 @@ tokens per second,
 
     rate(m) = B * E(m) / (t(B, 1 + m) + B * d(m > 0))
 
-where t(B, w) is the measured time of a forward of B rows of w tokens (probed once per batch size bucket on
-the live batch, then rolled back); d the measured time per row of the rest of a step (drafting, verifying, the
-proposers' bookkeeping), kept per batch size bucket (a batched draft forward is shared by the rows) and apart
-for steps that draft and steps that do not; and E(m) = 1 + the mean number
-of draft tokens that would have been accepted had the draft been cut to its first m tokens, read off every
+where t(B, w) is the measured time of a forward of B rows of w tokens: probed once per batch size bucket on
+the live batch (then rolled back), and from then on corrected by the forwards the steps themselves run (a
+width a step ran takes the moving average of its real times; any other, its probed time scaled by the real
+times' moving ratio to the probed ones). The probe feeds each row's last token repeated at the batch's first
+step; real steps carry a tree mask per row over contexts that grow, and on this project's CPU ran ~10% dearer
+than probed at the widths chosen most (9-10 tokens per row at batch 4), less at others. d is the measured
+time per row of the rest of a step (drafting, verifying, the proposers' bookkeeping), kept per batch size
+bucket (a batched draft forward is shared by the rows) and apart for steps that draft and steps that do not;
+and E(m) = 1 + the mean number of draft tokens that would have been accepted had the draft been cut to its
+first m tokens, read off every
 verdict (the accepted path of a chain or tree: parents come before children, so any prefix of a draft is a
 draft). At m = 0 the proposer is not asked at all: at large batches this is plain batched decoding. A bucket
 whose drafting time is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0
@@ -42,6 +47,10 @@ _WARMUP_STEPS = 8
 _EXPLORATION = 2.0
 #: steps without drafting after which a batch bucket drafts once more, to measure its drafting time afresh
 _REFRESH_STEPS = 32
+#: weight of the newest real forward in the moving averages that correct the probe (see `record_forward`)
+_FORWARD_WEIGHT = 0.1
+#: whether the steps' real forwards correct the probed costs (a switch for measuring what that changes)
+OBSERVED_COSTS = True
 
 
 def bucket(batch: int) -> int:
@@ -59,6 +68,10 @@ class DraftBudget:
         # by batch bucket: moving averages of one row's share of a step's time outside the target forward, with
         # and without drafts, and the steps since the bucket last drafted
         self.draft_seconds: dict[int, float] = {}
+        # by batch bucket, scaled to the bucket's rows: moving averages of the steps' real forward times by width,
+        # and of their ratio to the probed time of that width
+        self.observed: dict[int, dict[int, float]] = {}
+        self.observed_ratio: dict[int, float] = {}
         self.plain_seconds: dict[int, float] = {}
         self.plain_streak: dict[int, int] = {}
 
@@ -83,6 +96,19 @@ class DraftBudget:
         stale = drafted and self.plain_streak.get(b, 0) >= _REFRESH_STEPS  # a refresh step replaces the old time
         averages[b] = per_row if b not in averages or stale else 0.9 * averages[b] + 0.1 * per_row
         self.plain_streak[b] = 0 if drafted else self.plain_streak.get(b, 0) + 1
+
+    def record_forward(self, rows: int, width: int, seconds: float) -> None:
+        """A step's target forward: `rows` rows of `width` tokens took `seconds`. Corrects the probed costs."""
+        b = bucket(rows)
+        if not OBSERVED_COSTS or b not in self.costs:
+            return
+        scaled = seconds * b / rows
+        widths = self.observed.setdefault(b, {})
+        widths[width] = scaled if width not in widths else (1 - _FORWARD_WEIGHT) * widths[width] + \
+            _FORWARD_WEIGHT * scaled
+        ratio = scaled / self._probed(b, width)
+        old = self.observed_ratio.get(b)
+        self.observed_ratio[b] = ratio if old is None else (1 - _FORWARD_WEIGHT) * old + _FORWARD_WEIGHT * ratio
 
     def expected(self, m: int) -> float:
         """Expected tokens committed by one row's step with a draft cut to m tokens (the target's own included)."""
@@ -111,13 +137,20 @@ class DraftBudget:
                                     for width, seconds in best.items()]
 
     def forward_seconds(self, rows: int, width: int) -> float:
-        table = self.costs[bucket(rows)]
-        scale = rows / bucket(rows)
+        """The expected time of a forward of `rows` rows of `width` tokens (see the module's docstring)."""
+        b = bucket(rows)
+        seen = self.observed.get(b, {})
+        seconds = seen[width] if width in seen else self._probed(b, width) * self.observed_ratio.get(b, 1.0)
+        return seconds * rows / b
+
+    def _probed(self, b: int, width: int) -> float:
+        """The probe's time for `width` in bucket b, interpolated between probed widths (linearly past the last)."""
+        table = self.costs[b]
         for (w0, t0), (w1, t1) in zip(table, table[1:], strict=False):
             if width <= w1:
-                return scale * (t0 + (t1 - t0) * (width - w0) / (w1 - w0))
+                return t0 + (t1 - t0) * (width - w0) / (w1 - w0)
         (w0, t0), (w1, t1) = table[-2], table[-1]
-        return scale * (t1 + (t1 - t0) * (width - w1) / (w1 - w0))
+        return t1 + (t1 - t0) * (width - w1) / (w1 - w0)
 
     # -- choosing ------------------------------------------------------------------------------------------
     def needs_probe(self, rows: int) -> bool:

@@ -253,6 +253,7 @@ class Engine:
                 row.proposer.observe(row.state(0), verdict, row_output(out, b, draft, verdict, n, row_tree))
                 row.stats.propose_seconds += time.perf_counter() - observed
         if self.draft_budget is None:
+            self.budget.record_forward(len(rows), width, forward_seconds)
             self.budget.record_step_time(len(rows), width > 1, time.perf_counter() - start - forward_seconds)
         return committed
 

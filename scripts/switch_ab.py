@@ -1,14 +1,15 @@
-"""Batched decoding with one attention choice against another, in one process, interleaved.
+"""Batched decoding with a module switch at one value against another, in one process, interleaved.
 
-    python scripts/attention_ab.py [--prompts 20] [--batch 4] [--rounds 2] [--tokens 256]
-        [--switch GROUPED_ATTENTION --values grouped,fused]
+    python scripts/switch_ab.py [--prompts 20] [--batch 4] [--rounds 2] [--tokens 256]
+        [--switch native.GROUPED_ATTENTION --values grouped,fused] [--proposers autoregressive,dflash]
 
 One embedded target (bf16, native forward), one decoder per runner: plain batched decoding and `dflash` (the
-adaptive budget), each with the `specdec.native` switch (`--switch`: GROUPED_ATTENTION, grouped attention
-against torch's fused kernel; FOLDED_ATTENTION with `--values folded,fused`, query heads folded into queries
-or not) pinned to each value before its passes; GSM8K first turns; a warm-up each, then rounds in a rotating
-order; prints each pass and the median tokens/s with mean acceptance (docs/benchmarks.md, "Fused attention for
-batches", "Folded attention").
+adaptive budget), each with the switch set to each value before its passes. Switches: native.GROUPED_ATTENTION
+(grouped,fused: specdec's grouped attention against torch's fused kernel), native.FOLDED_ATTENTION
+(folded,fused: query heads folded into queries or not), budget.OBSERVED_COSTS (true,false: the steps' real
+forwards correct the budget's probed costs or not). GSM8K first turns; a warm-up each, then rounds in a
+rotating order; prints each pass and the median tokens/s with mean acceptance (docs/benchmarks.md). Before
+stop 27 this script was scripts/attention_ab.py, with GROUPED_ATTENTION only.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import time
 
 import torch
 
-import specdec.native as native
+import specdec.budget
+import specdec.native
 from specdec import loading
 from specdec.api import SpeculativeDecoder, build_proposer_config
 from specdec.plugins import get_proposer_class
@@ -34,22 +36,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--data", default="../shared/datasets/gsm8k.jsonl")
-    parser.add_argument("--switch", default="GROUPED_ATTENTION", choices=["GROUPED_ATTENTION", "FOLDED_ATTENTION"])
+    parser.add_argument("--switch", default="native.GROUPED_ATTENTION",
+                        choices=["native.GROUPED_ATTENTION", "native.FOLDED_ATTENTION", "budget.OBSERVED_COSTS"])
     parser.add_argument("--values", default="grouped,fused")
+    parser.add_argument("--proposers", default="autoregressive,dflash")
     args = parser.parse_args()
+    module_name, switch = args.switch.split(".")
+    module = getattr(specdec, module_name)
+    values = {value: {"true": True, "false": False}.get(value, value) for value in args.values.split(",")}
     with open(args.data) as lines:
         prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
     model, tokenizer = loading.load_model(None, torch.bfloat16, torch.device("cpu"))
     target = TargetModel(model, tokenizer, cache="native")
     runners = {f"{proposer}-{attention}": (proposer, attention)
-               for proposer in ("autoregressive", "dflash") for attention in args.values.split(",")}
+               for proposer in args.proposers.split(",") for attention in values}
     decoders = {name: SpeculativeDecoder(target, get_proposer_class(proposer)(build_proposer_config(proposer, {}),
                                                                               target))
                 for name, (proposer, _) in runners.items()}
     ids = [next(iter(decoders.values())).encode_prompt(p)[0] for p in prompts]
 
     def run(name: str, batch_ids: list[torch.Tensor], tokens: int) -> tuple[float, float]:
-        setattr(native, args.switch, runners[name][1])
+        setattr(module, switch, values[runners[name][1]])
         start = time.perf_counter()
         outs = decoders[name].generate_ids(batch_ids, max_new_tokens=tokens, batch_size=args.batch)
         seconds = time.perf_counter() - start
