@@ -1,28 +1,29 @@
 """Batched decoding with a module switch at one value against another, in one process, interleaved.
 
     python scripts/switch_ab.py [--prompts 20] [--batch 4] [--rounds 2] [--tokens 256]
-        [--switch native.GROUPED_ATTENTION --values grouped,fused] [--proposers autoregressive,dflash]
+        [--switch specdec.native.GROUPED_ATTENTION --values grouped,fused] [--proposers autoregressive,dflash]
 
 One embedded target (bf16, native forward), one decoder per runner: plain batched decoding and `dflash` (the
-adaptive budget), each with the switch set to each value before its passes. Switches: native.GROUPED_ATTENTION
-(grouped,fused: specdec's grouped attention against torch's fused kernel), native.FOLDED_ATTENTION
-(folded,fused: query heads folded into queries or not), budget.OBSERVED_COSTS (true,false: the steps' real
-forwards correct the budget's probed costs or not). GSM8K first turns; a warm-up each, then rounds in a
-rotating order; prints each pass and the median tokens/s with mean acceptance (docs/benchmarks.md). Before
-stop 27 this script was scripts/attention_ab.py, with GROUPED_ATTENTION only.
+adaptive budget), each with the switch (a module's global) set to each value before its passes:
+specdec.native.GROUPED_ATTENTION (grouped,fused: specdec's grouped attention against torch's fused kernel),
+specdec.native.FOLDED_ATTENTION (folded,fused: query heads folded into queries or not),
+specdec.budget.OBSERVED_COSTS (true,false: the steps' real forwards correct the budget's probed costs or not),
+specdec_dflash.proposer.NODE_ORDER (lookup_first,draft_first: which nodes a cut tree keeps first). GSM8K first
+turns; a warm-up each, then rounds in a rotating order; prints each pass and the median tokens/s with mean
+acceptance (docs/benchmarks.md). Before stop 27 this script was scripts/attention_ab.py, with GROUPED_ATTENTION
+only.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import time
 
 import torch
 
-import specdec.budget
-import specdec.native
 from specdec import loading
 from specdec.api import SpeculativeDecoder, build_proposer_config
 from specdec.plugins import get_proposer_class
@@ -36,13 +37,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--data", default="../shared/datasets/gsm8k.jsonl")
-    parser.add_argument("--switch", default="native.GROUPED_ATTENTION",
-                        choices=["native.GROUPED_ATTENTION", "native.FOLDED_ATTENTION", "budget.OBSERVED_COSTS"])
+    parser.add_argument("--switch", default="specdec.native.GROUPED_ATTENTION", help="module.NAME")
     parser.add_argument("--values", default="grouped,fused")
     parser.add_argument("--proposers", default="autoregressive,dflash")
     args = parser.parse_args()
-    module_name, switch = args.switch.split(".")
-    module = getattr(specdec, module_name)
+    module_name, switch = args.switch.rsplit(".", 1)
+    module = importlib.import_module(module_name)
     values = {value: {"true": True, "false": False}.get(value, value) for value in args.values.split(",")}
     with open(args.data) as lines:
         prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]

@@ -8,6 +8,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Hermetic: only this project's own plugins load from entry points.
 os.environ.setdefault("SPECDEC_LOAD_PLUGINS", "dflash,eagle3")
+# Triton's interpreter is chosen when triton is first imported (its standard library is decorated then), so it
+# is set here, before any test module can import triton: set in the kernel tests alone, it depended on the order
+# the modules were collected in (tests/test_ragged_cache.py then tests/test_ragged_verify.py failed).
+if os.environ.get("SPECDEC_KERNEL_TEST_DEVICE", "cpu") == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

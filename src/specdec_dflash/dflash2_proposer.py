@@ -26,7 +26,7 @@ from specdec.errors import SpecdecError
 
 from .checkpoint import read_config
 from .dflash2_model import CandidateSelector, DFlash2Config
-from .proposer import TREE_RUNNER_UPS, DFlashProposer, _Job, best_first_expand
+from .proposer import TREE_RUNNER_UPS, DFlashProposer, _Job, best_first_expand, ordered_paths
 
 #: the DFlash2 draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct-dflash2"
@@ -123,7 +123,7 @@ class DFlash2Proposer(DFlashProposer):
         lookup = job.found
         if self.config.lookup_after and job.lookup:
             lookup = lookup + self._lookups_after(chain, job.state.max_draft_tokens)
-        tokens, parents = tree.from_paths([c.tolist() for c in lookup] + paths)
+        tokens, parents = tree.from_paths(ordered_paths([c.tolist() for c in lookup], paths))
         return Draft(tokens=torch.tensor([tokens], device=unary.device), parents=parents)
 
     @staticmethod

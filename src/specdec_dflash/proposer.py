@@ -44,6 +44,18 @@ LOOKUP_CANDIDATES = 3
 #: the most tokens a prompt-lookup continuation proposes (beyond the draft's block when that is shorter)
 LOOKUP_TOKENS = 10
 
+#: which nodes come first in a tree draft, and so which a batch's draft budget keeps when it cuts the tree to
+#: its first m nodes (specdec.budget.trim): "lookup_first" (the prompt-lookup continuations' nodes, then the
+#: draft's by estimate) or "draft_first" (the draft's nodes by estimate, then the continuations'). One row alone
+#: verifies the whole tree either way, and the order of nodes changes nothing in its verdict.
+NODE_ORDER = "lookup_first"
+
+
+def ordered_paths(lookup: list[list[int]], paths: list[list[int]]) -> list[list[int]]:
+    """Prompt-lookup continuations and the draft's paths (best first) in NODE_ORDER, for tree.from_paths."""
+    return lookup + paths if NODE_ORDER == "lookup_first" else paths + lookup
+
+
 #: continuations looked up after each argmax-chain prefix (`lookup_after`)
 SEEDED_LOOKUP_CANDIDATES = 2
 
@@ -297,7 +309,7 @@ class DFlashProposer(HiddenStateProposer):
             paths = best_first_paths(values, ids, self.config.tree_size)
         else:
             paths = self._chain_paths(values, ids)
-        tokens, parents = tree.from_paths([c.tolist() for c in lookup] + paths)
+        tokens, parents = tree.from_paths(ordered_paths([c.tolist() for c in lookup], paths))
         return Draft(tokens=torch.tensor([tokens], device=logits.device), parents=parents)
 
     def _chain_paths(self, values: list[list[float]], ids: list[list[int]]) -> list[list[int]]:
