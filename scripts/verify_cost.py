@@ -1,7 +1,7 @@
 """Time the target's forward by the number of tokens it verifies at once, on the embedded target (or --model).
 
     python scripts/verify_cost.py [--widths 1,8,16,24,32,40,48,64] [--rows 1] [--context 300] [--repeats 5]
-        [--dtype bfloat16]
+        [--dtype bfloat16] [--folded auto|folded|fused]
 
 After a prefill of `--context` random tokens, each width's forward runs on top of that context and is rolled
 back (crop), widths interleaved in every round, two warm-up rounds; prints the median milliseconds per width and
@@ -9,6 +9,7 @@ whether the native forward's prepacked weights are in use. On a CPU whose bf16 p
 the weights (AMX) the cost stays flat far into the tens of tokens; where they are bound by arithmetic it grows
 with the width, and the tree a proposer verifies should shrink with it (docs/benchmarks.md). `--rows B` times B
 rows of `--context` tokens each (a batch), every row verifying `width` tokens: a forward of B x width tokens.
+`--folded` pins `specdec.native.FOLDED_ATTENTION` (query heads folded into queries for rows of 2 or more tokens).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 
 import torch
 
-from specdec import SpeculativeDecoder
+from specdec import SpeculativeDecoder, native
 
 
 def main() -> None:
@@ -30,8 +31,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--model", default=None)
+    parser.add_argument("--folded", default="auto", choices=["auto", "folded", "fused"])
     args = parser.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
+    native.FOLDED_ATTENTION = args.folded
     decoder = SpeculativeDecoder.from_pretrained(args.model, proposer="autoregressive", dtype=args.dtype)
     target = decoder.target
     packs = getattr(getattr(target.backend, "forward_pass", None), "prepacked", None)
