@@ -67,9 +67,9 @@ def test_a_moment_of_slowness_during_the_probe_does_not_set_one_widths_cost(monk
 
 
 def test_the_steps_real_forwards_correct_the_probed_costs():
-    """A width that steps ran takes the moving average of its real times; the others, their probed times scaled
-    by the real times' ratio to the probed ones: so a probe that underrates what steps cost (tree masks, longer
-    contexts) stops deciding the draft length once steps have run."""
+    """A width that steps ran (3 times or more) takes the moving average of its real times; the others, their probed
+    times scaled by the real times' ratio to the probed ones: so a probe that underrates what steps cost (tree
+    masks, longer contexts) stops deciding the draft length once steps have run."""
     budget = DraftBudget()
     budget.costs[4] = [(1, 0.030), (2, 0.032), (3, 0.034), (5, 0.036), (9, 0.040), (17, 0.080)]
     assert budget.forward_seconds(4, 9) == pytest.approx(0.040)
@@ -78,8 +78,12 @@ def test_the_steps_real_forwards_correct_the_probed_costs():
         budget.record_forward(4, 9, 0.048)  # real steps of width 9: 20% dearer than probed
     assert budget.forward_seconds(4, 9) == pytest.approx(0.048)
     assert budget.forward_seconds(4, 13) == pytest.approx(0.060 * 1.2, rel=1e-3)  # interpolated, corrected
-    budget.record_forward(3, 5, 0.0324)  # 3 rows: 0.0432 for the bucket's 4
-    assert budget.forward_seconds(4, 5) == pytest.approx(0.0432)
+    budget.record_forward(3, 5, 0.0324)  # 3 rows: 0.0432 for the bucket's 4, once: the probe (corrected) holds
+    ratio = budget.observed_ratio[4]
+    assert budget.forward_seconds(4, 5) == pytest.approx(0.036 * ratio)
+    budget.record_forward(3, 5, 0.0324)
+    budget.record_forward(3, 5, 0.0324)
+    assert budget.forward_seconds(4, 5) == pytest.approx(0.0432)  # seen 3 times: its own average
     budget.record_forward(16, 5, 1.0)  # a bucket not probed yet: nothing to correct
     assert 16 not in budget.observed
 
