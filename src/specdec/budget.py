@@ -21,7 +21,8 @@ draft is a draft). At m = 0 the proposer is not asked at all: at large batches t
 bucket whose drafting time is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0
 once, so that a drafting time measured once under noise (or in another bucket) cannot keep drafting off. One row
 alone verifies what its proposer drafts, as before batching existed. vLLM and SGLang turn speculation off under
-load for the same reason; here one rule covers every batch size and every proposer. """
+load for the same reason; here one rule covers every batch size and every proposer.
+"""
 
 from __future__ import annotations
 
