@@ -1,10 +1,12 @@
-"""Time torch's fused attention (SDPA, per-row mask) against specdec's grouped attention per layer call.
+"""Time torch's fused attention (SDPA, per-row mask) against specdec's grouped and folded attention per layer call.
 
     python scripts/attention_kernels.py [--rows 4,16] [--queries 1,2,4,8] [--context 300] [--dtype bfloat16]
 
 The embedded target's attention shape (9 query heads, 3 key heads of 64); each row holds a different number
 of cached positions (context - b for row b), read as a slice of a longer cache buffer, as the native forward
-reads it; mean microseconds per call over 200 calls after a warm-up (docs/benchmarks.md, stop 26).
+reads it; mean microseconds per call over 200 calls after a warm-up (docs/benchmarks.md, stops 26 and 27).
+"folded" is the same fused kernel with each key head's query heads folded into its queries
+(`specdec.native.folded_attention`, taken for 2 or more new tokens per row).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from specdec.native import grouped_attention
+from specdec.native import fold_mask, folded_attention, grouped_attention
 from specdec.native_cache import row_mask
 
 
@@ -38,7 +40,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     heads, kv_heads, dim = 9, 3, 64
     generator = torch.Generator().manual_seed(0)
-    print("| rows x new tokens | fused (SDPA) | grouped |\n| --- | ---: | ---: |")
+    print("| rows x new tokens | fused (SDPA) | grouped | folded |\n| --- | ---: | ---: | ---: |")
     for rows in (int(r) for r in args.rows.split(",")):
         lengths = [args.context - b for b in range(rows)]
         for n in (int(q) for q in args.queries.split(",")):
@@ -50,7 +52,9 @@ def main() -> None:
             fused = microseconds(lambda q=q, k=k, v=v, mask=mask: F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask[:, None], scale=dim ** -0.5, enable_gqa=True))
             grouped = microseconds(lambda q=q, k=k, v=v, mask=mask: grouped_attention(q, k, v, mask, dim ** -0.5))
-            print(f"| {rows} x {n} | {fused:.0f} us | {grouped:.0f} us |")
+            folded_mask = fold_mask(mask, heads // kv_heads)
+            folded = microseconds(lambda q=q, k=k, v=v, m=folded_mask: folded_attention(q, k, v, m, dim ** -0.5))
+            print(f"| {rows} x {n} | {fused:.0f} us | {grouped:.0f} us | {folded:.0f} us |")
 
 
 if __name__ == "__main__":
