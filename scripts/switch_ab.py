@@ -2,6 +2,7 @@
 
     python scripts/switch_ab.py [--prompts 20] [--batch 4] [--rounds 2] [--tokens 256]
         [--switch specdec.native.GROUPED_ATTENTION --values grouped,fused] [--proposers autoregressive,dflash]
+        [--opt KEY=VALUE ...]
 
 One embedded target (bf16, native forward), one decoder per runner: plain batched decoding and `dflash` (the
 adaptive budget), each with the switch (a module's global) set to each value before its passes:
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--switch", default="specdec.native.GROUPED_ATTENTION", help="module.NAME")
     parser.add_argument("--values", default="grouped,fused")
     parser.add_argument("--proposers", default="autoregressive,dflash")
+    parser.add_argument("--opt", action="append", default=[], help="KEY=VALUE for every proposer but autoregressive")
     args = parser.parse_args()
     module_name, switch = args.switch.rsplit(".", 1)
     module = importlib.import_module(module_name)
@@ -50,9 +52,13 @@ def main() -> None:
     target = TargetModel(model, tokenizer, cache="native")
     runners = {f"{proposer}-{attention}": (proposer, attention)
                for proposer in args.proposers.split(",") for attention in values}
-    decoders = {name: SpeculativeDecoder(target, get_proposer_class(proposer)(build_proposer_config(proposer, {}),
-                                                                              target))
-                for name, (proposer, _) in runners.items()}
+    options = dict(option.split("=", 1) for option in args.opt)
+
+    def build(proposer: str) -> SpeculativeDecoder:
+        config = build_proposer_config(proposer, {} if proposer == "autoregressive" else options)
+        return SpeculativeDecoder(target, get_proposer_class(proposer)(config, target))
+
+    decoders = {name: build(proposer) for name, (proposer, _) in runners.items()}
     ids = [next(iter(decoders.values())).encode_prompt(p)[0] for p in prompts]
 
     def run(name: str, batch_ids: list[torch.Tensor], tokens: int) -> tuple[float, float]:
