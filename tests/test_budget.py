@@ -86,6 +86,9 @@ def test_the_steps_real_forwards_correct_the_probed_costs():
     assert budget.forward_seconds(4, 5) == pytest.approx(0.0432)  # seen 3 times: its own average
     budget.record_forward(16, 5, 1.0)  # a bucket not probed yet: nothing to correct
     assert 16 not in budget.observed
+    budget.costs[2] = budget.costs[4]
+    budget.record_forward(1, 9, 0.5)  # one row alone: no sample of the bucket of 2
+    assert 2 not in budget.observed and 2 not in budget.observed_ratio
 
 
 def test_a_width_seen_dearer_than_probed_is_chosen_less():

@@ -100,9 +100,11 @@ class DraftBudget:
         self.plain_streak[b] = 0 if drafted else self.plain_streak.get(b, 0) + 1
 
     def record_forward(self, rows: int, width: int, seconds: float) -> None:
-        """A step's target forward: `rows` rows of `width` tokens took `seconds`. Corrects the probed costs."""
+        """A step's target forward: `rows` rows of `width` tokens took `seconds`. Corrects the probed costs. One
+        row alone is no sample of any bucket (it verifies its whole draft, and its forward is not twice as
+        cheap as one of two rows: scaling it to the bucket of 2 would make that bucket look dear)."""
         b = bucket(rows)
-        if not OBSERVED_COSTS or b not in self.costs:
+        if not OBSERVED_COSTS or rows < 2 or b not in self.costs:
             return
         scaled = seconds * b / rows
         widths = self.observed.setdefault(b, {})
