@@ -1,5 +1,5 @@
 """Plain batched decoding against a proposer, step by step: tokens per second of the engine's steps by batch
-bucket (rows in the batch at that step), beside each whole call's time and tokens.
+bucket (rows in the batch at that step), beside each whole call's time, tokens and admissions (prefills).
 
     python scripts/batched_rates.py [--prompts 32] [--batch 16] [--tokens 256] [--proposer dflash]
         [--data ../shared/datasets/mt_bench.jsonl]
@@ -44,7 +44,17 @@ def main() -> None:
         seen[2] += sum(map(len, committed))
         return committed
 
-    engine.Engine.step = timed_step
+    admits: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    admit = engine.Engine.admit
+
+    def timed_admit(self, *a, **k):
+        start = time.perf_counter()
+        out = admit(self, *a, **k)
+        admits[running["name"]][0] += 1
+        admits[running["name"]][1] += time.perf_counter() - start
+        return out
+
+    engine.Engine.step, engine.Engine.admit = timed_step, timed_admit
     with open(args.data) as lines:
         prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
     decoders = {name: SpeculativeDecoder.from_pretrained(proposer=name, dtype="bfloat16")
@@ -54,14 +64,17 @@ def main() -> None:
         decoder.generate(prompts[: args.batch], max_new_tokens=32, batch_size=args.batch)
         decoder.generate(prompts[: args.batch], max_new_tokens=64, batch_size=args.batch)  # rows end apart
     steps.clear()
-    print("| runner | call seconds | tokens | tokens/s |\n| --- | ---: | ---: | ---: |")
+    admits.clear()
+    print("| runner | call seconds | tokens | tokens/s | admissions (prefills of joining rows) | their seconds |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, decoder in decoders.items():
         running["name"] = name
         start = time.perf_counter()
         outputs = decoder.generate(prompts, max_new_tokens=args.tokens, batch_size=args.batch)
         seconds = time.perf_counter() - start
         tokens = sum(len(o.token_ids) for o in outputs)
-        print(f"| {name} | {seconds:.2f} | {tokens} | {tokens / seconds:.1f} |")
+        print(f"| {name} | {seconds:.2f} | {tokens} | {tokens / seconds:.1f} | {admits[name][0]} "
+              f"| {admits[name][1]:.2f} |")
     print("\n| runner | rows (bucket) | steps | step seconds | tokens | tokens/s in steps |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for (name, rows), (count, seconds, tokens) in sorted(steps.items()):

@@ -22,6 +22,33 @@ def test_acceptance_by_draft_length_counts_what_a_shorter_draft_would_have_kept(
     assert budget.expected(5) == 1 + 2 / 1  # only the tree drafted 5
 
 
+def test_a_whole_draft_counts_for_every_longer_cut_and_a_cut_one_does_not():
+    budget = DraftBudget()
+    budget.record(2, [0, 1], whole=True)  # the proposer's whole draft: 2 tokens, both accepted
+    budget.record(6, [0])  # cut by the budget to 6: what more tokens would have kept is unknown
+    budget.record(3, [0, 1, 2])  # cut to 3
+    assert budget.expected(2) == 1 + (2 + 1 + 2) / 3
+    assert budget.expected(4) == 1 + (1 + 2) / 2  # the 6 (1 within 4) and the whole 2; not the cut 3
+    assert budget.expected(6) == 1 + (1 + 2) / 2
+    assert budget.measured()[5] == (2, 3.0)
+
+
+def test_long_drafts_that_only_lookup_hits_reach_do_not_set_the_length_for_a_batch():
+    """Trees are long when prompt lookup found a continuation, and then accept well; a batch whose rows mostly
+    draft 16 tokens and accept 1 must not verify 17 or more on the strength of those (it did, before whole
+    drafts counted for longer cuts)."""
+    budget = DraftBudget()
+    budget.costs[16] = [(1, 0.040), (2, 0.046), (3, 0.051), (5, 0.062), (9, 0.076), (17, 0.144)]
+    for step in range(400):
+        if step % 10:
+            budget.record(16, [0], whole=True)  # no lookup hit: 16 nodes, one accepted
+        else:
+            budget.record(24, list(range(8)), whole=True)  # a lookup hit: 24 nodes, 8 accepted
+    budget.draft_seconds[16], budget.plain_seconds[16] = 0.0005, 0.0002
+    assert budget.expected(24) == pytest.approx(1 + (0.9 * 1 + 0.1 * 8))
+    assert budget.choose(16, 24)[0] <= 2  # counting only the drafts 17 or more long, it chose 17
+
+
 def _measured(costs: list[tuple[int, float]], accepted_per_step: int) -> DraftBudget:
     budget = DraftBudget()
     budget.costs[8] = costs

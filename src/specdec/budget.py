@@ -53,6 +53,8 @@ _FORWARD_WEIGHT = 0.1
 _OBSERVED_MIN = 3
 #: whether the steps' real forwards correct the probed costs (a switch for measuring what that changes)
 OBSERVED_COSTS = True
+#: whether a whole draft counts for longer cuts (`record`; a switch for measuring what that changes)
+WHOLE_DRAFTS = True
 
 
 def bucket(batch: int) -> int:
@@ -66,6 +68,10 @@ class DraftBudget:
         self.costs: dict[int, list[tuple[int, float]]] = {}  # bucket -> [(width, seconds)]
         self.accepted_sum: list[float] = [0.0]  # [m]: sum over steps of tokens accepted within the first m
         self.seen: list[int] = [0]  # [m]: steps whose draft held at least m tokens
+        # [m]: steps whose whole draft (not cut) held m - 1 tokens, and the tokens they accepted: a cut to m or more
+        # would have left them whole, so they count for every m' >= m too
+        self.whole_steps: list[int] = []
+        self.whole_accepted: list[float] = []
         self.steps = 0  # rows' steps recorded
         # by batch bucket: moving averages of one row's share of a step's time outside the target forward, with
         # and without drafts, and the steps since the bucket last drafted
@@ -78,9 +84,14 @@ class DraftBudget:
         self.plain_streak: dict[int, int] = {}
 
     # -- measuring -----------------------------------------------------------------------------------------
-    def record(self, drafted: int, path: Sequence[int]) -> None:
+    def record(self, drafted: int, path: Sequence[int], whole: bool = False) -> None:
         """One row's step: `drafted` tokens verified, `path` the accepted ones' indices into the draft (a
-        chain's are 0 .. n - 1)."""
+        chain's are 0 .. n - 1); `whole`: those tokens were the proposer's whole draft (not cut by the budget).
+
+        A whole draft counts for every longer cut as well, with what it accepted: without it, E(m) for an m
+        longer than most drafts was read off the few drafts that long, which are not a fair sample (a tree
+        with prompt-lookup continuations is long exactly when the lookup found something, and then accepts
+        well), and a batch cut every row to a length that only such drafts had earned."""
         self.steps += 1
         while len(self.seen) <= drafted:
             self.seen.append(0)
@@ -89,6 +100,12 @@ class DraftBudget:
         for m in range(drafted + 1):
             self.seen[m] += 1
             self.accepted_sum[m] += bisect.bisect_left(nodes, m)  # accepted nodes among the first m
+        if whole and WHOLE_DRAFTS:
+            while len(self.whole_steps) <= drafted + 1:
+                self.whole_steps.append(0)
+                self.whole_accepted.append(0.0)
+            self.whole_steps[drafted + 1] += 1
+            self.whole_accepted[drafted + 1] += len(nodes)
 
     def record_step_time(self, rows: int, drafted: bool, seconds: float) -> None:
         """A step's time outside the target's forward (drafting, verifying, committing, the proposers' observe),
@@ -114,10 +131,21 @@ class DraftBudget:
         old = self.observed_ratio.get(b)
         self.observed_ratio[b] = ratio if old is None else (1 - _FORWARD_WEIGHT) * old + _FORWARD_WEIGHT * ratio
 
-    def expected(self, m: int) -> float:
-        """Expected tokens committed by one row's step with a draft cut to m tokens (the target's own included)."""
-        m = min(m, len(self.seen) - 1)
-        return 1.0 + (self.accepted_sum[m] / self.seen[m] if self.seen[m] else 0.0)
+    def measured(self) -> list[tuple[int, float]]:
+        """For each cut m = 0 .. the longest draft seen: (steps that tell what a draft cut to m accepts, the tokens
+        they accepted within their first m): drafts at least m long, and whole drafts shorter than m."""
+        totals, steps, accepted = [], 0, 0.0
+        for m in range(len(self.seen)):
+            if m < len(self.whole_steps):
+                steps, accepted = steps + self.whole_steps[m], accepted + self.whole_accepted[m]
+            totals.append((self.seen[m] + steps, self.accepted_sum[m] + accepted))
+        return totals
+
+    def expected(self, m: int, measured: list[tuple[int, float]] | None = None) -> float:
+        """Expected tokens committed by one row's step with a draft cut to m tokens (the target's own included);
+        `measured`: this budget's `measured()`, when the caller has it."""
+        steps, accepted = (measured or self.measured())[min(m, len(self.seen) - 1)]
+        return 1.0 + (accepted / steps if steps else 0.0)
 
     @torch.inference_mode()
     def probe(self, target: object, rows: int, feed_row: torch.Tensor, lengths: list[int]) -> None:
@@ -170,20 +198,23 @@ class DraftBudget:
             return [None] * rows  # this bucket's drafting time is not measured yet: draft in full once
         refresh = self.plain_streak.get(b, 0) >= _REFRESH_STEPS
         best, best_rate = 0, 0.0
+        measured = self.measured()
         for m in range(1 if refresh else 0, min(most, len(self.seen) - 1) + 1):
             rest = self.draft_seconds[b] if m else self.plain_seconds.get(b, 0.0)  # unmeasured plain: try it
-            rate = rows * self.optimistic(m) / (self.forward_seconds(rows, 1 + m) + rows * rest)
+            rate = rows * self.optimistic(m, measured) / (self.forward_seconds(rows, 1 + m) + rows * rest)
             if rate > best_rate:
                 best, best_rate = m, rate
         return [best] * rows
 
-    def optimistic(self, m: int) -> float:
+    def optimistic(self, m: int, measured: list[tuple[int, float]] | None = None) -> float:
         """E(m) plus a margin that shrinks as draft length m is measured (an upper confidence bound): a length
         measured on few steps gets tried, and verifying it measures it, while one that cannot pay at this
         batch's forward costs is never tried. Acceptance by draft length does not depend on the batch, so every
         row's step in any batch adds to it."""
-        seen = self.seen[min(m, len(self.seen) - 1)]
-        return self.expected(m) + (min(1.0, _EXPLORATION / (1 + seen) ** 0.5) if m else 0.0)
+        measured = measured or self.measured()
+        steps = measured[min(m, len(self.seen) - 1)][0]
+        return self.expected(m, measured) + (min(1.0, _EXPLORATION / (1 + steps) ** 0.5) if m else 0.0)
+
 
 def trim(draft: Draft, m: int) -> Draft:
     """The draft's first m tokens (a tree's first m nodes: parents come before children, so they form a tree)."""

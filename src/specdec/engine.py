@@ -216,7 +216,7 @@ class Engine:
         what each row accepted. Returns each row's committed tokens."""
         cuts = self._budget_for(rows)  # may probe the forward's cost first
         start = time.perf_counter()
-        drafts = self._propose(rows, cuts)
+        drafts, whole = self._propose(rows, cuts)
         drafted = time.perf_counter()
         width = 1 + max(draft.num_tokens for draft in drafts)
         feed = torch.zeros(len(rows), width, dtype=torch.long, device=self.target.device)  # [B, 1 + k_max]
@@ -243,7 +243,7 @@ class Engine:
             row_tree = trees[b]
             if self.draft_budget is None:
                 path = range(n) if row_tree is None else verdict.path[0, :n].tolist()  # type: ignore[union-attr]
-                self.budget.record(draft.num_tokens, path)
+                self.budget.record(draft.num_tokens, path, whole[b])
             row.stats.record_step(n, draft.num_tokens if row_tree is None else max(tree.depths(row_tree)))
             row.stats.verify_seconds += verified - drafted
             committed.append(row.commit(verdict.emitted[0, : n + 1]))
@@ -266,13 +266,15 @@ class Engine:
             self.budget.probe(self.target, len(rows), last, self.target.cache_lengths)
         return self.budget.choose(len(rows), max(row.draft_budget for row in rows))
 
-    def _propose(self, rows: list[Row], cuts: list[int | None]) -> list[Draft]:
-        """Each row's draft, cut to its first `cuts[b]` tokens (0: its proposer is not asked). Several rows
-        draft in one `propose_batch` call, so a proposer may share one forward among them."""
+    def _propose(self, rows: list[Row], cuts: list[int | None]) -> tuple[list[Draft], list[bool]]:
+        """Each row's draft, cut to its first `cuts[b]` tokens (0: its proposer is not asked), and whether it is
+        the proposer's whole draft. Several rows draft in one `propose_batch` call, so a proposer may share one
+        forward among them."""
         drafts = [Draft(tokens=row.buffer.new_empty(1, 0)) for row in rows]
+        whole = [False] * len(rows)
         asked = [b for b, (row, cut) in enumerate(zip(rows, cuts, strict=True)) if row.draft_budget > 0 and cut != 0]
         if not asked:
-            return drafts
+            return drafts, whole
         start = time.perf_counter()
         states = [rows[b].state(rows[b].draft_budget) for b in asked]
         proposers = [rows[b].proposer for b in asked]
@@ -289,8 +291,9 @@ class Engine:
             check_draft(rows[b].proposer, self.target, draft, state, rows[b].verifier)  # type: ignore[arg-type]
             rows[b].stats.propose_seconds += share
             draft = on_device(draft, rows[b].buffer.device)
+            whole[b] = cuts[b] is None or draft.num_tokens <= cuts[b]  # type: ignore[operator]
             drafts[b] = draft if cuts[b] is None else trim(draft, cuts[b])  # type: ignore[arg-type]
-        return drafts
+        return drafts, whole
 
     def retire(self, active: list[Row], idle: list[Proposer], last: bool) -> None:
         """Finished rows leave the batch (and the cache); their proposers wait for the next prompt. When the
