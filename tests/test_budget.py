@@ -105,17 +105,22 @@ def test_the_steps_real_forwards_correct_the_probed_costs():
         budget.record_forward(4, 9, 0.048)  # real steps of width 9: 20% dearer than probed
     assert budget.forward_seconds(4, 9) == pytest.approx(0.048)
     assert budget.forward_seconds(4, 13) == pytest.approx(0.060 * 1.2, rel=1e-3)  # interpolated, corrected
-    budget.record_forward(3, 5, 0.0324)  # 3 rows: 0.0432 for the bucket's 4, once: the probe (corrected) holds
+    budget.record_forward(4, 5, 0.0432)  # once: the probe (corrected) holds
     ratio = budget.observed_ratio[4]
     assert budget.forward_seconds(4, 5) == pytest.approx(0.036 * ratio)
-    budget.record_forward(3, 5, 0.0324)
-    budget.record_forward(3, 5, 0.0324)
+    budget.record_forward(4, 5, 0.0432)
+    budget.record_forward(4, 5, 0.0432)
     assert budget.forward_seconds(4, 5) == pytest.approx(0.0432)  # seen 3 times: its own average
+    for _ in range(3):  # 3 rows of the bucket of 4: their own times, which say nothing of 4 rows'
+        budget.record_forward(3, 9, 0.045)
+    assert budget.forward_seconds(3, 9) == pytest.approx(0.045)
+    assert budget.forward_seconds(4, 9) == pytest.approx(0.048)
+    assert budget.forward_seconds(3, 13) == pytest.approx(0.060 * 3 / 4 * budget.observed_ratio[3])
     budget.record_forward(16, 5, 1.0)  # a bucket not probed yet: nothing to correct
     assert 16 not in budget.observed
     budget.costs[2] = budget.costs[4]
     budget.record_forward(1, 9, 0.5)  # one row alone: no sample of the bucket of 2
-    assert 2 not in budget.observed and 2 not in budget.observed_ratio
+    assert 1 not in budget.observed and 1 not in budget.observed_ratio
 
 
 def test_a_width_seen_dearer_than_probed_is_chosen_less():

@@ -8,21 +8,20 @@ tokens per second,
     rate(m) = B * E(m) / (t(B, 1 + m) + B * d(m > 0))
 
 where t(B, w) is the measured time of a forward of B rows of w tokens: probed once per batch size bucket on the
-live batch (then rolled back), and from then on corrected by the forwards the steps themselves run (a width steps
-ran at least _OBSERVED_MIN times takes the moving average of its real times; any other, its probed time scaled by
-the real times' moving ratio to the probed ones). The probe feeds each row's last token repeated at the batch's
-first step; real steps carry a tree mask per row over contexts that grow, and on this project's CPU ran ~10%
-dearer than probed at the widths chosen most (9-10 tokens per row at batch 4), less at others. d is the measured
-time per row of the rest of a step (drafting, verifying, the proposers' bookkeeping), kept per batch size bucket
-(a batched draft forward is shared by the rows) and apart for steps that draft and steps that do not; and E(m) =
-1 + the mean number of draft tokens that would have been accepted had the draft been cut to its first m tokens,
-read off every verdict (the accepted path of a chain or tree: parents come before children, so any prefix of a
-draft is a draft). At m = 0 the proposer is not asked at all: at large batches this is plain batched decoding. A
-bucket whose drafting time is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0
-once, so that a drafting time measured once under noise (or in another bucket) cannot keep drafting off. One row
-alone verifies what its proposer drafts, as before batching existed. vLLM and SGLang turn speculation off under
-load for the same reason; here one rule covers every batch size and every proposer.
-"""
+live batch (then rolled back), and from then on corrected by the forwards the steps themselves run at B rows (a
+width steps ran at least _OBSERVED_MIN times takes the moving average of its real times; any other, its probed
+time scaled by the real times' moving ratio to the probed ones). The probe feeds each row's last token repeated
+at the batch's first step; real steps carry a tree mask per row over contexts that grow, and on this project's
+CPU ran ~10% dearer than probed at the widths chosen most (9-10 tokens per row at batch 4), less at others. d is
+the measured time per row of the rest of a step (drafting, verifying, the proposers' bookkeeping), kept per batch
+size bucket (a batched draft forward is shared by the rows) and apart for steps that draft and steps that do not;
+and E(m) = 1 + the mean number of draft tokens that would have been accepted had the draft been cut to its first
+m tokens, read off every verdict (the accepted path of a chain or tree: parents come before children, so any
+prefix of a draft is a draft). At m = 0 the proposer is not asked at all: at large batches this is plain batched
+decoding. A bucket whose drafting time is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at
+its best m > 0 once, so that a drafting time measured once under noise (or in another bucket) cannot keep
+drafting off. One row alone verifies what its proposer drafts, as before batching existed. vLLM and SGLang turn
+speculation off under load for the same reason; here one rule covers every batch size and every proposer. """
 
 from __future__ import annotations
 
@@ -76,9 +75,10 @@ class DraftBudget:
         # by batch bucket: moving averages of one row's share of a step's time outside the target forward, with
         # and without drafts, and the steps since the bucket last drafted
         self.draft_seconds: dict[int, float] = {}
-        # by batch bucket, scaled to the bucket's rows: moving averages of the steps' real forward times by width,
-        # and of their ratio to the probed time of that width
-        self.observed: dict[int, dict[int, tuple[int, float]]] = {}  # bucket -> width -> (forwards, average)
+        # by the exact number of rows: moving averages of the steps' real forward times by width, and of their
+        # ratio to the probed time of that width (a forward's time is far from proportional to its rows: 16 rows
+        # of one token took 47 ms where 10 took ~40, so a time scaled from other row counts would mislead)
+        self.observed: dict[int, dict[int, tuple[int, float]]] = {}  # rows -> width -> (forwards, average)
         self.observed_ratio: dict[int, float] = {}
         self.plain_seconds: dict[int, float] = {}
         self.plain_streak: dict[int, int] = {}
@@ -123,13 +123,12 @@ class DraftBudget:
         b = bucket(rows)
         if not OBSERVED_COSTS or rows < 2 or b not in self.costs:
             return
-        scaled = seconds * b / rows
-        widths = self.observed.setdefault(b, {})
-        count, average = widths.get(width, (0, scaled))
-        widths[width] = (count + 1, (1 - _FORWARD_WEIGHT) * average + _FORWARD_WEIGHT * scaled if count else scaled)
-        ratio = scaled / self._probed(b, width)
-        old = self.observed_ratio.get(b)
-        self.observed_ratio[b] = ratio if old is None else (1 - _FORWARD_WEIGHT) * old + _FORWARD_WEIGHT * ratio
+        widths = self.observed.setdefault(rows, {})
+        count, average = widths.get(width, (0, seconds))
+        widths[width] = (count + 1, (1 - _FORWARD_WEIGHT) * average + _FORWARD_WEIGHT * seconds if count else seconds)
+        ratio = seconds / (self._probed(b, width) * rows / b)
+        old = self.observed_ratio.get(rows)
+        self.observed_ratio[rows] = ratio if old is None else (1 - _FORWARD_WEIGHT) * old + _FORWARD_WEIGHT * ratio
 
     def measured(self) -> list[tuple[int, float]]:
         """For each cut m = 0 .. the longest draft seen: (steps that tell what a draft cut to m accepts, the tokens
@@ -170,10 +169,11 @@ class DraftBudget:
 
     def forward_seconds(self, rows: int, width: int) -> float:
         """The expected time of a forward of `rows` rows of `width` tokens (see the module's docstring)."""
-        b = bucket(rows)
-        count, average = self.observed.get(b, {}).get(width, (0, 0.0))
-        seconds = average if count >= _OBSERVED_MIN else self._probed(b, width) * self.observed_ratio.get(b, 1.0)
-        return seconds * rows / b
+        count, average = self.observed.get(rows, {}).get(width, (0, 0.0))
+        if count >= _OBSERVED_MIN:
+            return average
+        b = bucket(rows)  # the probe's time, scaled to these rows, times what these rows' real forwards ran over it
+        return self._probed(b, width) * rows / b * self.observed_ratio.get(rows, 1.0)
 
     def _probed(self, b: int, width: int) -> float:
         """The probe's time for `width` in bucket b, interpolated between probed widths (linearly past the last)."""
