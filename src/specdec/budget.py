@@ -17,11 +17,13 @@ the measured time per row of the rest of a step (drafting, verifying, the propos
 size bucket (a batched draft forward is shared by the rows) and apart for steps that draft and steps that do not;
 and E(m) = 1 + the mean number of draft tokens that would have been accepted had the draft been cut to its first
 m tokens, read off every verdict (the accepted path of a chain or tree: parents come before children, so any
-prefix of a draft is a draft). At m = 0 the proposer is not asked at all: at large batches this is plain batched
-decoding. A bucket whose drafting time is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at
-its best m > 0 once, so that a drafting time measured once under noise (or in another bucket) cannot keep
-drafting off. One row alone verifies what its proposer drafts, as before batching existed. vLLM and SGLang turn
-speculation off under load for the same reason; here one rule covers every batch size and every proposer. """
+prefix of a draft is a draft; a draft the budget did not cut counts, whole, for every longer cut too). At m = 0
+the proposer is not asked at all: at large batches this is plain batched decoding. A bucket whose drafting time
+is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0 once, so that a drafting
+time measured once under noise (or in another bucket) cannot keep drafting off. One row alone verifies what its
+proposer drafts, as before batching existed. vLLM and SGLang turn speculation off under load for the same reason;
+here one rule covers every batch size and every proposer.
+"""
 
 from __future__ import annotations
 
