@@ -47,8 +47,8 @@ _WARMUP_STEPS = 8
 _EXPLORATION = 2.0
 #: steps without drafting after which a batch bucket drafts once more, to measure its drafting time afresh
 _REFRESH_STEPS = 32
-#: weight of the newest real forward in the moving averages that correct the probe (see `record_forward`)
-_FORWARD_WEIGHT = 0.1
+#: weight of the newest measurement in the budget's moving averages (step times, real forwards)
+_NEWEST_WEIGHT = 0.1
 #: real forwards of one width seen before their average replaces that width's probed time (one slow forward, the
 #: OS or another process, must not make a width look dear for good: a width not chosen is not measured again)
 _OBSERVED_MIN = 3
@@ -56,6 +56,11 @@ _OBSERVED_MIN = 3
 OBSERVED_COSTS = True
 #: whether a whole draft counts for longer cuts (`record`; a switch for measuring what that changes)
 WHOLE_DRAFTS = True
+
+
+def _moving(average: float | None, value: float) -> float:
+    """The moving average `average` (None: nothing measured yet) after one more measurement."""
+    return value if average is None else (1 - _NEWEST_WEIGHT) * average + _NEWEST_WEIGHT * value
 
 
 def bucket(batch: int) -> int:
@@ -115,7 +120,7 @@ class DraftBudget:
         per_row, b = seconds / rows, bucket(rows)
         averages = self.draft_seconds if drafted else self.plain_seconds
         stale = drafted and self.plain_streak.get(b, 0) >= _REFRESH_STEPS  # a refresh step replaces the old time
-        averages[b] = per_row if b not in averages or stale else 0.9 * averages[b] + 0.1 * per_row
+        averages[b] = _moving(None if stale else averages.get(b), per_row)
         self.plain_streak[b] = 0 if drafted else self.plain_streak.get(b, 0) + 1
 
     def record_forward(self, rows: int, width: int, seconds: float) -> None:
@@ -126,11 +131,10 @@ class DraftBudget:
         if not OBSERVED_COSTS or rows < 2 or b not in self.costs:
             return
         widths = self.observed.setdefault(rows, {})
-        count, average = widths.get(width, (0, seconds))
-        widths[width] = (count + 1, (1 - _FORWARD_WEIGHT) * average + _FORWARD_WEIGHT * seconds if count else seconds)
+        count, average = widths.get(width, (0, None))
+        widths[width] = (count + 1, _moving(average, seconds))
         ratio = seconds / (self._probed(b, width) * rows / b)
-        old = self.observed_ratio.get(rows)
-        self.observed_ratio[rows] = ratio if old is None else (1 - _FORWARD_WEIGHT) * old + _FORWARD_WEIGHT * ratio
+        self.observed_ratio[rows] = _moving(self.observed_ratio.get(rows), ratio)
 
     def measured(self) -> list[tuple[int, float]]:
         """For each cut m = 0 .. the longest draft seen: (steps that tell what a draft cut to m accepts, the tokens

@@ -120,11 +120,29 @@ def grouped_pays(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -
     measured, once per process and attention shape, at first use."""
     if GROUPED_ATTENTION != "auto":
         return GROUPED_ATTENTION == "grouped"
-    key = (heads, kv_heads, head_dim, dtype)
-    if key not in _grouped_verdicts:
-        fused, grouped = _probe_attention(heads, kv_heads, head_dim, dtype)
-        _grouped_verdicts[key] = grouped * GROUPED_MARGIN <= fused
-    return _grouped_verdicts[key]
+    return _clearly_faster(_grouped_verdicts, (heads, kv_heads, head_dim, dtype), GROUPED_MARGIN,
+                           lambda: _probe_attention(heads, kv_heads, head_dim, dtype))
+
+
+def _clearly_faster(verdicts: dict, key: tuple, margin: float,
+                    probe: Callable[[], tuple[float, float]]) -> bool:
+    """Whether the second of `probe`'s two timings (seconds: the default path's, the candidate's) is `margin`
+    times faster, measured once per key and kept in `verdicts`."""
+    if key not in verdicts:
+        default, candidate = probe()
+        verdicts[key] = candidate * margin <= default
+    return verdicts[key]
+
+
+def _probe_inputs(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                  n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attention probes' step: 16 rows of n new tokens over 300 - b + n positions for row b (rows of different
+    lengths, so a per-row mask). Returns q [16, H, n, d], k, v [16, KV, T, d] and the mask [16, n, T]."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [300 - b for b in range(16)]
+    q = torch.randn(16, heads, n, head_dim, generator=generator).to(dtype)
+    k, v = (torch.randn(16, kv_heads, max(lengths) + n, head_dim, generator=generator).to(dtype) for _ in range(2))
+    return q, k, v, row_mask(lengths, n, None, torch.device("cpu"))
 
 
 @torch.inference_mode()
@@ -132,12 +150,7 @@ def _probe_attention(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtyp
     """Seconds per call of torch's fused attention and of grouped_attention on the step they were first compared
     on: 16 rows of one new token over 286-301 cached positions (rows of different lengths, so a per-row mask),
     best of 5 after a warm-up each (a few milliseconds in all)."""
-    generator = torch.Generator().manual_seed(0)
-    lengths = [300 - b for b in range(16)]
-    total = max(lengths) + 1
-    q = torch.randn(16, heads, 1, head_dim, generator=generator).to(dtype)
-    k, v = (torch.randn(16, kv_heads, total, head_dim, generator=generator).to(dtype) for _ in range(2))
-    mask = row_mask(lengths, 1, None, torch.device("cpu"))  # [16, 1, total]
+    q, k, v, mask = _probe_inputs(heads, kv_heads, head_dim, dtype, 1)
     scale = head_dim ** -0.5
     return (_best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale,
                                                                  enable_gqa=True)),
@@ -162,23 +175,15 @@ def folding_pays(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -
     cost 44% more than plain decoding's forward, mostly here. Measured once per process and attention shape."""
     if FOLDED_ATTENTION != "auto":
         return FOLDED_ATTENTION == "folded"
-    key = (heads, kv_heads, head_dim, dtype)
-    if key not in _folded_verdicts:
-        layout, folded = _probe_folding(heads, kv_heads, head_dim, dtype)
-        _folded_verdicts[key] = folded * FOLD_MARGIN <= layout
-    return _folded_verdicts[key]
+    return _clearly_faster(_folded_verdicts, (heads, kv_heads, head_dim, dtype), FOLD_MARGIN,
+                           lambda: _probe_folding(heads, kv_heads, head_dim, dtype))
 
 
 @torch.inference_mode()
 def _probe_folding(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> tuple[float, float]:
     """Seconds per call of torch's fused attention in the grouped-query layout and folded, on 16 rows of 2 new
     tokens over 287-302 positions (a per-row mask), best of 5 after a warm-up each."""
-    generator = torch.Generator().manual_seed(0)
-    lengths = [300 - b for b in range(16)]
-    total = max(lengths) + 2
-    q = torch.randn(16, heads, 2, head_dim, generator=generator).to(dtype)
-    k, v = (torch.randn(16, kv_heads, total, head_dim, generator=generator).to(dtype) for _ in range(2))
-    mask = row_mask(lengths, 2, None, torch.device("cpu"))  # [16, 2, total]
+    q, k, v, mask = _probe_inputs(heads, kv_heads, head_dim, dtype, 2)
     folded = fold_mask(mask, heads // kv_heads)
     scale = head_dim ** -0.5
     return (_best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale,
