@@ -19,7 +19,9 @@ def test_acceptance_by_draft_length_counts_what_a_shorter_draft_would_have_kept(
     assert budget.expected(1) == 2.0  # both steps keep node 0
     assert budget.expected(3) == 1 + (3 + 1) / 2  # the tree's node 3 is not within its first 3 nodes
     assert budget.expected(4) == 1 + (3 + 2) / 2
-    assert budget.expected(5) == 1 + 2 / 1  # only the tree drafted 5
+    # node 4 is told only by the tree (the one draft of 5), which did not accept it: a cut to 5 keeps what a cut to
+    # 4 keeps (averaged over the steps that drafted 5, as before the product-limit estimate, it read 1 + 2 / 1)
+    assert budget.expected(5) == budget.expected(4)
 
 
 def test_a_whole_draft_counts_for_every_longer_cut_and_a_cut_one_does_not():
@@ -27,10 +29,28 @@ def test_a_whole_draft_counts_for_every_longer_cut_and_a_cut_one_does_not():
     budget.record(2, [0, 1], whole=True)  # the proposer's whole draft: 2 tokens, both accepted
     budget.record(6, [0])  # cut by the budget to 6: what more tokens would have kept is unknown
     budget.record(3, [0, 1, 2])  # cut to 3
-    assert budget.expected(2) == 1 + (2 + 1 + 2) / 3
-    assert budget.expected(4) == 1 + (1 + 2) / 2  # the 6 (1 within 4) and the whole 2; not the cut 3
-    assert budget.expected(6) == 1 + (1 + 2) / 2
-    assert budget.measured()[5] == (2, 3.0)
+    assert budget.expected(2) == pytest.approx(1 + (2 + 1 + 2) / 3)
+    # node 2: the cut 3 accepted it, the 6 did not
+    assert budget.expected(3) == pytest.approx(budget.expected(2) + 1 / 3)
+    # node 3 is told by the 6 (not accepted) and the whole 2 (nothing more); not by the cut 3, whose three
+    # accepted tokens still count up to 3
+    assert budget.expected(4) == budget.expected(3)
+    assert budget.expected(6) == budget.expected(3)
+    assert budget.measured()[5] == (2, pytest.approx(2.0))
+
+
+def test_acceptance_never_falls_with_the_cut_and_rows_cut_short_keep_what_they_accepted():
+    """Rows cut to 4 tokens that accept all 4, beside rows drafting 8 that accept 1: a cut to 5 keeps at least
+    what a cut to 4 keeps. Averaged over the steps that reached 5 (the estimate before), E(5) read 2.0 against
+    E(4)'s 3.5, and a budget that cut at 4 saw no reason ever to draft longer."""
+    budget = DraftBudget()
+    for _ in range(50):
+        budget.record(4, [0, 1, 2, 3])  # cut by the budget to 4: all accepted
+        budget.record(8, [0])  # cut to 8 (an exploration step): one accepted
+    assert budget.expected(4) == pytest.approx(1 + (4 + 1) / 2)
+    assert budget.expected(5) == pytest.approx(budget.expected(4))  # node 4: told only by the 8s, not accepted
+    values = [budget.expected(m) for m in range(9)]
+    assert values == sorted(values)
 
 
 def test_long_drafts_that_only_lookup_hits_reach_do_not_set_the_length_for_a_batch():

@@ -17,7 +17,13 @@ the measured time per row of the rest of a step (drafting, verifying, the propos
 size bucket (a batched draft forward is shared by the rows) and apart for steps that draft and steps that do not;
 and E(m) = 1 + the mean number of draft tokens that would have been accepted had the draft been cut to its first
 m tokens, read off every verdict (the accepted path of a chain or tree: parents come before children, so any
-prefix of a draft is a draft; a draft the budget did not cut counts, whole, for every longer cut too). At m = 0
+prefix of a draft is a draft). It is built up one draft position at a time, as a product-limit (Kaplan-Meier)
+estimate is: E(m) = E(m - 1) + the share of steps whose node m - 1 was accepted, among the steps that tell
+(drafts of at least m tokens, and whole drafts, not cut by the budget, of fewer: they accepted nothing more). A
+draft the budget cut to fewer than m tokens tells nothing of node m - 1, and leaves only that share's
+denominator. So E never falls as m grows, and a row cut to m whose draft accepted all of it still counts up to
+m: averaging each cut over the steps that reached it (as before) dropped exactly those rows from E(m + 1), and
+read longer cuts low, which kept the budget at the cut it had. At m = 0
 the proposer is not asked at all: at large batches this is plain batched decoding. A bucket whose drafting time
 is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0 once, so that a drafting
 time measured once under noise (or in another bucket) cannot keep drafting off. One row alone verifies what its
@@ -56,6 +62,9 @@ _OBSERVED_MIN = 3
 OBSERVED_COSTS = True
 #: whether a whole draft counts for longer cuts (`record`; a switch for measuring what that changes)
 WHOLE_DRAFTS = True
+#: whether E(m) is built up position by position (the module's docstring) or, as before, averaged over the steps
+#: that tell about a cut to m (a switch for measuring what that changes)
+PRODUCT_LIMIT = True
 
 
 def _moving(average: float | None, value: float) -> float:
@@ -74,6 +83,7 @@ class DraftBudget:
         self.costs: dict[int, list[tuple[int, float]]] = {}  # bucket -> [(width, seconds)]
         self.accepted_sum: list[float] = [0.0]  # [m]: sum over steps of tokens accepted within the first m
         self.seen: list[int] = [0]  # [m]: steps whose draft held at least m tokens
+        self.node_accepted: list[int] = [0]  # [m >= 1]: steps whose node m - 1 was accepted
         # [m]: steps whose whole draft (not cut) held m - 1 tokens, and the tokens they accepted: a cut to m or more
         # would have left them whole, so they count for every m' >= m too
         self.whole_steps: list[int] = []
@@ -103,10 +113,13 @@ class DraftBudget:
         while len(self.seen) <= drafted:
             self.seen.append(0)
             self.accepted_sum.append(0.0)
+            self.node_accepted.append(0)
         nodes = sorted(path)  # a path's nodes rise (parents come first); sorted() only guards the contract
         for m in range(drafted + 1):
             self.seen[m] += 1
             self.accepted_sum[m] += bisect.bisect_left(nodes, m)  # accepted nodes among the first m
+        for node in nodes:
+            self.node_accepted[node + 1] += 1
         if whole and WHOLE_DRAFTS:
             while len(self.whole_steps) <= drafted + 1:
                 self.whole_steps.append(0)
@@ -137,20 +150,24 @@ class DraftBudget:
         self.observed_ratio[rows] = _moving(self.observed_ratio.get(rows), ratio)
 
     def measured(self) -> list[tuple[int, float]]:
-        """For each cut m = 0 .. the longest draft seen: (steps that tell what a draft cut to m accepts, the tokens
-        they accepted within their first m): drafts at least m long, and whole drafts shorter than m."""
-        totals, steps, accepted = [], 0, 0.0
+        """For each cut m = 0 .. the longest draft seen: (steps that tell what a draft cut to m accepts: drafts at
+        least m long and whole drafts shorter than m, the draft tokens a step cut to m is expected to accept)."""
+        totals, whole, whole_accepted, mean = [], 0, 0.0, 0.0
         for m in range(len(self.seen)):
             if m < len(self.whole_steps):
-                steps, accepted = steps + self.whole_steps[m], accepted + self.whole_accepted[m]
-            totals.append((self.seen[m] + steps, self.accepted_sum[m] + accepted))
+                whole, whole_accepted = whole + self.whole_steps[m], whole_accepted + self.whole_accepted[m]
+            steps = self.seen[m] + whole
+            if PRODUCT_LIMIT:  # the module's docstring: node m - 1's share among the steps that tell
+                mean += self.node_accepted[m] / steps if m and steps else 0.0
+            else:
+                mean = (self.accepted_sum[m] + whole_accepted) / steps if steps else 0.0
+            totals.append((steps, mean))
         return totals
 
     def expected(self, m: int, measured: list[tuple[int, float]] | None = None) -> float:
         """Expected tokens committed by one row's step with a draft cut to m tokens (the target's own included);
         `measured`: this budget's `measured()`, when the caller has it."""
-        steps, accepted = (measured or self.measured())[min(m, len(self.seen) - 1)]
-        return 1.0 + (accepted / steps if steps else 0.0)
+        return 1.0 + (measured or self.measured())[min(m, len(self.seen) - 1)][1]
 
     @torch.inference_mode()
     def probe(self, target: object, rows: int, feed_row: torch.Tensor, lengths: list[int]) -> None:
