@@ -34,6 +34,36 @@ def median_us(call, repeats: int = 200) -> float:
     return statistics.median(times) * 1e6
 
 
+def measure(rows: int, h: torch.Tensor, x: torch.Tensor, packed: dict[str, torch.Tensor]) -> None:
+    """One width: h the normed input [1, rows, 576], x the residual stream; packed: the layer's weights."""
+    p = packed
+
+    def mlp():
+        g, u = linear(h, p["gate"], None, "none", [], ""), linear(h, p["up"], None, "none", [], "")
+        return x + linear(F.silu(g) * u, p["down"], None, "none", [], "")
+
+    def mlp_post_ops():
+        g = linear(h, p["gate"], None, "swish", [], "")
+        act = torch.ops.mkldnn._linear_pointwise.binary(h, g, p["up"], None, "mul")
+        return torch.ops.mkldnn._linear_pointwise.binary(act, x, p["down"], None, "add")
+
+    def mlp_gate_up():
+        g, u = linear(h, p["gate_up"], None, "none", [], "").chunk(2, -1)
+        return x + linear(F.silu(g) * u, p["down"], None, "none", [], "")
+
+    def qkv():
+        return [linear(h, p[n], None, "none", [], "") for n in ("q", "k", "v")]
+
+    def qkv_one():
+        return linear(h, p["qkv"], None, "none", [], "").split([576, 192, 192], -1)
+
+    reference = mlp().float()
+    post_diff = (mlp_post_ops().float() - reference).abs().max().item()
+    print(f"{rows} rows: MLP {median_us(mlp):.0f} us, post-ops {median_us(mlp_post_ops):.0f} us "
+          f"(max diff {post_diff:.3g}), gate+up one product {median_us(mlp_gate_up):.0f} us; "
+          f"q, k, v {median_us(qkv):.0f} us, as one product {median_us(qkv_one):.0f} us")
+
+
 @torch.inference_mode()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,38 +75,14 @@ def main() -> None:
     def weight(out_features: int, in_features: int) -> torch.Tensor:
         return (torch.randn(out_features, in_features, generator=generator) * 0.05).bfloat16()
 
-    gate, up, down = weight(inner, hidden), weight(inner, hidden), weight(hidden, inner)
-    q, k, v = weight(576, hidden), weight(192, hidden), weight(192, hidden)
-    p_gate, p_up, p_down, p_q, p_k, p_v = map(pack, (gate, up, down, q, k, v))
-    p_gate_up, p_qkv = pack(torch.cat([gate, up])), pack(torch.cat([q, k, v]))
+    weights = {"gate": weight(inner, hidden), "up": weight(inner, hidden), "down": weight(hidden, inner),
+               "q": weight(576, hidden), "k": weight(192, hidden), "v": weight(192, hidden)}
+    packed = {name: pack(w) for name, w in weights.items()}
+    packed["gate_up"] = pack(torch.cat([weights["gate"], weights["up"]]))
+    packed["qkv"] = pack(torch.cat([weights["q"], weights["k"], weights["v"]]))
     for rows in (int(r) for r in args.rows.split(",")):
-        h = torch.randn(1, rows, hidden, generator=generator).bfloat16()
-        x = torch.randn(1, rows, hidden, generator=generator).bfloat16()
-
-        def mlp():
-            g, u = linear(h, p_gate, None, "none", [], ""), linear(h, p_up, None, "none", [], "")
-            return x + linear(F.silu(g) * u, p_down, None, "none", [], "")
-
-        def mlp_post_ops():
-            g = linear(h, p_gate, None, "swish", [], "")
-            act = torch.ops.mkldnn._linear_pointwise.binary(h, g, p_up, None, "mul")
-            return torch.ops.mkldnn._linear_pointwise.binary(act, x, p_down, None, "add")
-
-        def mlp_gate_up():
-            g, u = linear(h, p_gate_up, None, "none", [], "").split(inner, -1)
-            return x + linear(F.silu(g) * u, p_down, None, "none", [], "")
-
-        def qkv():
-            return [linear(h, p, None, "none", [], "") for p in (p_q, p_k, p_v)]
-
-        def qkv_one():
-            return linear(h, p_qkv, None, "none", [], "").split([576, 192, 192], -1)
-
-        reference = mlp().float()
-        post_diff = (mlp_post_ops().float() - reference).abs().max().item()
-        print(f"{rows} rows: MLP {median_us(mlp):.0f} us, post-ops {median_us(mlp_post_ops):.0f} us "
-              f"(max diff {post_diff:.3g}), gate+up one product {median_us(mlp_gate_up):.0f} us; "
-              f"q, k, v {median_us(qkv):.0f} us, as one product {median_us(qkv_one):.0f} us")
+        measure(rows, torch.randn(1, rows, hidden, generator=generator).bfloat16(),
+                torch.randn(1, rows, hidden, generator=generator).bfloat16(), packed)
 
 
 if __name__ == "__main__":
