@@ -22,8 +22,8 @@ estimate is: E(m) = E(m - 1) + the share of steps whose node m - 1 was accepted,
 (drafts of at least m tokens, and whole drafts, not cut by the budget, of fewer: they accepted nothing more). A
 draft the budget cut to fewer than m tokens tells nothing of node m - 1, and leaves only that share's
 denominator. So E never falls as m grows, and a row cut to m whose draft accepted all of it still counts up to
-m: averaging each cut over the steps that reached it (as before) dropped exactly those rows from E(m + 1), and
-read longer cuts low, which kept the budget at the cut it had. At m = 0
+m: averaging each cut over the steps that reached it (the rule before stop 28) dropped exactly those rows from
+E(m + 1), and read longer cuts low, which kept the budget at the cut it had. At m = 0
 the proposer is not asked at all: at large batches this is plain batched decoding. A bucket whose drafting time
 is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0 once, so that a drafting
 time measured once under noise (or in another bucket) cannot keep drafting off. One row alone verifies what its
@@ -33,7 +33,6 @@ here one rule covers every batch size and every proposer.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Sequence
 
@@ -62,9 +61,6 @@ _OBSERVED_MIN = 3
 OBSERVED_COSTS = True
 #: whether a whole draft counts for longer cuts (`record`; a switch for measuring what that changes)
 WHOLE_DRAFTS = True
-#: whether E(m) is built up position by position (the module's docstring) or, as before, averaged over the steps
-#: that tell about a cut to m (a switch for measuring what that changes)
-PRODUCT_LIMIT = True
 
 
 def _moving(average: float | None, value: float) -> float:
@@ -81,13 +77,11 @@ class DraftBudget:
 
     def __init__(self) -> None:
         self.costs: dict[int, list[tuple[int, float]]] = {}  # bucket -> [(width, seconds)]
-        self.accepted_sum: list[float] = [0.0]  # [m]: sum over steps of tokens accepted within the first m
-        self.seen: list[int] = [0]  # [m]: steps whose draft held at least m tokens
+        self.drafted: list[int] = [0]  # [d]: steps whose verified draft held exactly d tokens
         self.node_accepted: list[int] = [0]  # [m >= 1]: steps whose node m - 1 was accepted
-        # [m]: steps whose whole draft (not cut) held m - 1 tokens, and the tokens they accepted: a cut to m or more
-        # would have left them whole, so they count for every m' >= m too
+        # [m]: steps whose whole draft (not cut) held m - 1 tokens: a cut to m or more would have left them whole,
+        # so they tell about every m' >= m too
         self.whole_steps: list[int] = []
-        self.whole_accepted: list[float] = []
         self.steps = 0  # rows' steps recorded
         # by batch bucket: moving averages of one row's share of a step's time outside the target forward, with
         # and without drafts, and the steps since the bucket last drafted
@@ -110,22 +104,16 @@ class DraftBudget:
         with prompt-lookup continuations is long exactly when the lookup found something, and then accepts
         well), and a batch cut every row to a length that only such drafts had earned."""
         self.steps += 1
-        while len(self.seen) <= drafted:
-            self.seen.append(0)
-            self.accepted_sum.append(0.0)
+        while len(self.drafted) <= drafted:
+            self.drafted.append(0)
             self.node_accepted.append(0)
-        nodes = sorted(path)  # a path's nodes rise (parents come first); sorted() only guards the contract
-        for m in range(drafted + 1):
-            self.seen[m] += 1
-            self.accepted_sum[m] += bisect.bisect_left(nodes, m)  # accepted nodes among the first m
-        for node in nodes:
+        self.drafted[drafted] += 1
+        for node in path:  # a path's nodes are draft indices below `drafted`
             self.node_accepted[node + 1] += 1
         if whole and WHOLE_DRAFTS:
             while len(self.whole_steps) <= drafted + 1:
                 self.whole_steps.append(0)
-                self.whole_accepted.append(0.0)
             self.whole_steps[drafted + 1] += 1
-            self.whole_accepted[drafted + 1] += len(nodes)
 
     def record_step_time(self, rows: int, drafted: bool, seconds: float) -> None:
         """A step's time outside the target's forward (drafting, verifying, committing, the proposers' observe),
@@ -152,22 +140,23 @@ class DraftBudget:
     def measured(self) -> list[tuple[int, float]]:
         """For each cut m = 0 .. the longest draft seen: (steps that tell what a draft cut to m accepts: drafts at
         least m long and whole drafts shorter than m, the draft tokens a step cut to m is expected to accept)."""
-        totals, whole, whole_accepted, mean = [], 0, 0.0, 0.0
-        for m in range(len(self.seen)):
-            if m < len(self.whole_steps):
-                whole, whole_accepted = whole + self.whole_steps[m], whole_accepted + self.whole_accepted[m]
-            steps = self.seen[m] + whole
-            if PRODUCT_LIMIT:  # the module's docstring: node m - 1's share among the steps that tell
-                mean += self.node_accepted[m] / steps if m and steps else 0.0
-            else:
-                mean = (self.accepted_sum[m] + whole_accepted) / steps if steps else 0.0
+        at_least = [0] * len(self.drafted)  # [m]: steps whose draft held at least m tokens (suffix sums)
+        running = 0
+        for d in range(len(self.drafted) - 1, -1, -1):
+            running += self.drafted[d]
+            at_least[d] = running
+        totals, whole, mean = [], 0, 0.0
+        for m in range(len(self.drafted)):
+            whole += self.whole_steps[m] if m < len(self.whole_steps) else 0
+            steps = at_least[m] + whole
+            mean += self.node_accepted[m] / steps if m and steps else 0.0  # node m - 1's share (the docstring)
             totals.append((steps, mean))
         return totals
 
     def expected(self, m: int, measured: list[tuple[int, float]] | None = None) -> float:
         """Expected tokens committed by one row's step with a draft cut to m tokens (the target's own included);
         `measured`: this budget's `measured()`, when the caller has it."""
-        return 1.0 + (measured or self.measured())[min(m, len(self.seen) - 1)][1]
+        return 1.0 + (measured or self.measured())[min(m, len(self.drafted) - 1)][1]
 
     @torch.inference_mode()
     def probe(self, target: object, rows: int, feed_row: torch.Tensor, lengths: list[int]) -> None:
@@ -222,7 +211,7 @@ class DraftBudget:
         refresh = self.plain_streak.get(b, 0) >= _REFRESH_STEPS
         best, best_rate = 0, 0.0
         measured = self.measured()
-        for m in range(1 if refresh else 0, min(most, len(self.seen) - 1) + 1):
+        for m in range(1 if refresh else 0, min(most, len(self.drafted) - 1) + 1):
             rest = self.draft_seconds[b] if m else self.plain_seconds.get(b, 0.0)  # unmeasured plain: try it
             rate = rows * self.optimistic(m, measured) / (self.forward_seconds(rows, 1 + m) + rows * rest)
             if rate > best_rate:
@@ -235,7 +224,7 @@ class DraftBudget:
         batch's forward costs is never tried. Acceptance by draft length does not depend on the batch, so every
         row's step in any batch adds to it."""
         measured = measured or self.measured()
-        steps = measured[min(m, len(self.seen) - 1)][0]
+        steps = measured[min(m, len(self.drafted) - 1)][0]
         return self.expected(m, measured) + (min(1.0, _EXPLORATION / (1 + steps) ** 0.5) if m else 0.0)
 
 
