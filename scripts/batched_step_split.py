@@ -1,8 +1,8 @@
 """Where a batched `dflash` step's time goes: wall time inside the engine's and the proposer's parts, per step.
 
-    python scripts/batched_step_split.py [--prompts 20] [--batch 4] [--tokens 256]
+    python scripts/batched_step_split.py [--prompts 20] [--batch 4] [--tokens 256] [--proposer dflash2]
 
-The embedded target in bf16 with the shipped draft and the adaptive budget, GSM8K first turns, one warm-up
+The embedded target in bf16 with the proposer's shipped draft and the adaptive budget, GSM8K first turns, one warm-up
 call; each part is timed by wrapping it (perf_counter around the call), so nested parts are inside their
 callers (draft.forward_rows inside propose) and `step` holds all but admit (the prefill of joining rows).
 Then the adaptive budget's state: the draft tokens per row it chose at this batch size, with how many steps
@@ -20,6 +20,7 @@ import time
 import specdec.budget as budget
 import specdec.engine as engine
 import specdec.target as target
+import specdec_dflash.dflash2_proposer as dflash2
 import specdec_dflash.model as draft_model
 import specdec_dflash.proposer as dflash
 from specdec.api import SpeculativeDecoder
@@ -60,18 +61,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--data", default="../shared/datasets/gsm8k.jsonl")
+    parser.add_argument("--proposer", choices=("dflash", "dflash2"), default="dflash")
     args = parser.parse_args()
     for owner, attribute, label in (
             (engine.Engine, "step", "step"), (engine.Engine, "admit", "admit (prefill)"),
             (engine.Engine, "_propose", "propose"), (engine, "verify_groups", "verify"),
             (target.TargetModel, "forward", "target forward"), (target.TargetModel, "retain", "cache retain"),
             (draft_model.DFlashDraftModel, "forward_rows", "draft forward"), (dflash.DFlashProposer, "_tree", "trees"),
-            (dflash.DFlashProposer, "_head_logits", "draft head"), (engine, "row_output", "row outputs")):
+            (dflash.DFlashProposer, "_head_logits", "draft head"), (engine, "row_output", "row outputs"),
+            (dflash.DFlashProposer, "_finish", "finish (logits to a row's draft)"),
+            (dflash2.DFlash2Proposer, "_finish", "finish (logits to a row's draft)")):
         timed(owner, attribute, label)
     budget.DraftBudget.choose = counted_choose(budget.DraftBudget.choose)
     with open(args.data) as lines:
         prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
-    decoder = SpeculativeDecoder.from_pretrained(proposer="dflash", dtype="bfloat16")
+    decoder = SpeculativeDecoder.from_pretrained(proposer=args.proposer, dtype="bfloat16")
     decoder.generate(prompts[: args.batch], max_new_tokens=32, batch_size=args.batch)
     seconds.clear()
     calls.clear()

@@ -202,9 +202,32 @@ def draft_paths(draft):
     return set(paths)
 
 
-def test_chain_tree_is_the_likeliest_walk_prefixes_and_branches(tmp_path, target):
-    """expansion=chain: the tree_size likeliest of the walk's prefixes and of (a runner-up at one slot, scored
+def reference_chain_tree(weights, cfg, target, committed, slots, size):
+    """expansion=chain: the `size` likeliest of the walk's prefixes and of (a runner-up at one slot, scored
     after the walk before it, then the walk from it), estimates summing the selector's log-probabilities."""
+    selector = Selector(weights, cfg, target, committed, slots)
+    chain, _ = selector.walk()
+    found, estimate, previous = [], 0.0, selector.anchor
+    for j in range(slots):
+        logq = selector.logq(j, previous)
+        ranked = sorted(logq, key=logq.get, reverse=True)
+        for rank, token in enumerate(ranked[:TREE_WIDTH]):
+            path, value = chain[:j] + [token], estimate + logq[token]
+            found.append((value, tuple(path)))
+            if rank == 0:
+                continue  # the walk's own prefix; its continuation is the walk
+            for d in range(j + 1, slots):
+                rest_logq = selector.logq(d, path[-1])
+                best = max(rest_logq, key=rest_logq.get)
+                path, value = path + [best], value + rest_logq[best]
+                found.append((value, tuple(path)))
+        estimate += logq[chain[j]]
+        previous = chain[j]
+    found.sort(key=lambda f: (-f[0], len(f[1])))
+    return {p for _, p in found[:size]}
+
+
+def test_chain_tree_is_the_likeliest_walk_prefixes_and_branches(tmp_path, target):
     folder = tmp_path / "d"
     save_random_dflash2(folder, seed=21, block_size=5)
     weights, cfg = checkpoint(folder)
@@ -214,26 +237,35 @@ def test_chain_tree_is_the_likeliest_walk_prefixes_and_branches(tmp_path, target
     assert decoder.generate_ids(prompt, max_new_tokens=20).token_ids == plain_greedy(target, prompt, 20)
     for committed, draft in seen:
         slots = max(len(p) for p in draft_paths(draft))
-        selector = Selector(weights, cfg, target, committed, slots)
-        chain, _ = selector.walk()
-        found, estimate, previous = [], 0.0, selector.anchor
-        for j in range(slots):
-            logq = selector.logq(j, previous)
-            ranked = sorted(logq, key=logq.get, reverse=True)
-            for rank, token in enumerate(ranked[:TREE_WIDTH]):
-                path, value = chain[:j] + [token], estimate + logq[token]
-                found.append((value, tuple(path)))
-                if rank == 0:
-                    continue  # the walk's own prefix; its continuation is the walk
-                for d in range(j + 1, slots):
-                    rest_logq = selector.logq(d, path[-1])
-                    best = max(rest_logq, key=rest_logq.get)
-                    path, value = path + [best], value + rest_logq[best]
-                    found.append((value, tuple(path)))
-            estimate += logq[chain[j]]
-            previous = chain[j]
-        found.sort(key=lambda f: (-f[0], len(f[1])))
-        assert draft_paths(draft) == {p for _, p in found[:11]}, committed
+        assert draft_paths(draft) == reference_chain_tree(weights, cfg, target, committed, slots, 11), committed
+
+
+def test_rows_drafted_together_get_each_rows_own_tree(tmp_path, target, monkeypatch):
+    """A batch's chain-expanded trees are scored for all rows at once (DFlash2Proposer._finish_rows): each
+    row's tree is still its own reference tree, whatever the other rows hold, and the batch stays lossless."""
+    from specdec_dflash.dflash2_proposer import DFlash2Proposer
+
+    folder = tmp_path / "d"
+    save_random_dflash2(folder, seed=22, block_size=5)
+    weights, cfg = checkpoint(folder)
+    decoder = SpeculativeDecoder.from_model(target, proposer="dflash2", draft=str(folder), tree_size=9, lookup=0)
+    seen, batches = [], []
+    original = DFlash2Proposer.propose_batch.__func__
+
+    def recording(cls, proposers, states):
+        drafts = original(cls, proposers, states)
+        batches.append(len(states))
+        seen.extend((state.tokens[0].tolist(), draft) for state, draft in zip(states, drafts, strict=True))
+        return drafts
+
+    monkeypatch.setattr(DFlash2Proposer, "propose_batch", classmethod(recording))
+    prompts = [[31, 32, 33], [40, 41, 42, 43, 44, 45, 46], [50, 51, 52, 53, 54], [60, 61]]
+    outputs = decoder.generate_ids(prompts, max_new_tokens=12, batch_size=3, draft_budget=4)
+    assert [o.token_ids for o in outputs] == [plain_greedy(target, p, 12) for p in prompts]
+    assert max(batches) == 3 and len(seen) >= 8
+    for committed, draft in seen:
+        slots = max(len(p) for p in draft_paths(draft))
+        assert draft_paths(draft) == reference_chain_tree(weights, cfg, target, committed, slots, 9), committed
 
 
 def test_best_first_tree_is_the_likeliest_nodes(tmp_path, target):

@@ -150,10 +150,10 @@ class CandidateSelector(nn.Module):
         return self.successor_codebook[candidates].float() * projected.unsqueeze(-2)  # float32, as training
 
     def scores(self, unary: torch.Tensor, factors: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-        """One slot's candidate scores for each of M predecessors: unary [k], factors [k, r], previous [M]
-        token ids -> [M, k] (float32)."""
-        edge = self.predecessor_codebook[previous].float() @ factors.T  # [M, k]
-        return unary.float() + edge
+        """One slot's candidate scores for each of M predecessors: unary [..., k], factors [..., k, r], previous
+        [..., M] token ids -> [..., M, k] (float32; the leading dimensions, if any, are rows scored at once)."""
+        edge = self.predecessor_codebook[previous].float() @ factors.transpose(-1, -2)  # [..., M, k]
+        return unary.float().unsqueeze(-2) + edge
 
 
 class DFlash2DraftModel(DFlashDraftModel):

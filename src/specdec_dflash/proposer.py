@@ -234,14 +234,22 @@ class DFlashProposer(HiddenStateProposer):
                 [job.context.positions for _, _, job in jobs], torch.cat([job.block_positions for _, _, job in jobs]),
                 [p.cache for _, p, _ in jobs])
             logits = lead._head_logits(hidden)  # [R, n, V'] (sliced after the product, see _head_logits)
-            for r, (index, proposer, job) in enumerate(jobs):
-                drafts[index] = proposer._finish(job, logits[r: r + 1, 1: 1 + job.k], hidden[r: r + 1, 1: 1 + job.k])
+            finished = lead._finish_rows([(proposer, job) for _, proposer, job in jobs], logits, hidden)
+            for (index, _, _), draft in zip(jobs, finished, strict=True):
+                drafts[index] = draft
         return [draft for draft in drafts if draft is not None]
 
     def _single(self, job: _Job) -> Draft:
         hidden = self.model(self.target.embed_tokens(job.block), job.context.states, job.context.positions,
                             job.block_positions, cache=self.cache)
-        return self._finish(job, self._head_logits(hidden)[:, 1: 1 + job.k], hidden[:, 1: 1 + job.k])
+        return self._finish_rows([(self, job)], self._head_logits(hidden), hidden)[0]
+
+    def _finish_rows(self, rows: Sequence[tuple[DFlashProposer, _Job]], logits: torch.Tensor,
+                     hidden: torch.Tensor) -> list[Draft]:
+        """Each row's draft from its block's logits [R, n, V'] and hidden states [R, n, H] (row r is rows[r],
+        a fork of this proposer with its own lookup index). DFlash finishes one row at a time."""
+        return [proposer._finish(job, logits[r: r + 1, 1: 1 + job.k], hidden[r: r + 1, 1: 1 + job.k])
+                for r, (proposer, job) in enumerate(rows)]
 
     def _plan(self, state: DecodeState) -> Draft | _Job:
         """What this step drafts: a prompt-lookup draft that needs no draft forward, or the block to run."""
