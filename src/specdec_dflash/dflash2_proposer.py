@@ -16,6 +16,7 @@ depend on each other:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -71,18 +72,18 @@ class DFlash2Proposer(DFlashProposer):
         candidates = self._to_target_ids(picks)
         return unary, candidates, self.selector.edge_factors(hidden, candidates)
 
-    def _finish_rows(self, rows, logits: torch.Tensor, hidden: torch.Tensor) -> list[Draft]:
+    def _finish_rows(self, rows: Sequence[tuple[DFlashProposer, _Job]], logits: torch.Tensor,
+                     hidden: torch.Tensor) -> list[Draft]:
         """As DFlash's, but greedy trees expanded along the walk (the default) are scored for all rows of one
         draft length at once: one row's selector walk is some twenty small products, and at 16 rows doing
         them row by row cost ~10% of a step on this project's CPU."""
         drafts: list[Draft | None] = [None] * len(rows)
         together: dict[int, list[int]] = {}  # draft length k -> rows finished together
-        for r, (_, job) in enumerate(rows):
+        for r, (proposer, job) in enumerate(rows):
             if job.use_tree and self.config.expansion == "chain":
                 together.setdefault(job.k, []).append(r)
             else:
-                proposer, k = rows[r][0], job.k
-                drafts[r] = proposer._finish(job, logits[r: r + 1, 1: 1 + k], hidden[r: r + 1, 1: 1 + k])
+                drafts[r] = proposer._finish(job, logits[r: r + 1, 1: 1 + job.k], hidden[r: r + 1, 1: 1 + job.k])
         for k, members in together.items():
             index = torch.tensor(members, device=logits.device)
             unary, candidates, factors = self._candidates(logits[index, 1: 1 + k], hidden[index, 1: 1 + k])
