@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from itertools import accumulate
 
 import torch
 
@@ -140,11 +141,7 @@ class DraftBudget:
     def measured(self) -> list[tuple[int, float]]:
         """For each cut m = 0 .. the longest draft seen: (steps that tell what a draft cut to m accepts: drafts at
         least m long and whole drafts shorter than m, the draft tokens a step cut to m is expected to accept)."""
-        at_least = [0] * len(self.drafted)  # [m]: steps whose draft held at least m tokens (suffix sums)
-        running = 0
-        for d in range(len(self.drafted) - 1, -1, -1):
-            running += self.drafted[d]
-            at_least[d] = running
+        at_least = list(accumulate(reversed(self.drafted)))[::-1]  # [m]: steps whose draft held >= m tokens
         totals, whole, mean = [], 0, 0.0
         for m in range(len(self.drafted)):
             whole += self.whole_steps[m] if m < len(self.whole_steps) else 0

@@ -99,8 +99,8 @@ class DFlash2Proposer(DFlashProposer):
         """logits [1, k, V'] (transformed), hidden [1, k, H] at slots 1..k -> the draft."""
         unary, candidates, factors = (t[0] for t in self._candidates(logits, hidden))  # [k, width], [k, width, r]
         anchor = job.block[0, :1]  # [1]: the last committed token precedes slot 1
-        if job.use_tree:
-            return self._tree2(unary, candidates, factors, anchor, job)
+        if job.use_tree:  # only best-first trees reach here (_finish_rows)
+            return self._best_first_tree(unary, candidates, factors, anchor, job)
         sampling = job.state.sampling
         temperature = sampling.temperature if job.sampled else 0.0
         tokens, q = self._walk(unary, candidates, factors, anchor, temperature, job.state.generator)
@@ -128,29 +128,27 @@ class DFlash2Proposer(DFlashProposer):
         q = torch.stack(rows) if rows else unary.new_zeros(0)
         return torch.cat(tokens), q
 
-    def _tree2(self, unary: torch.Tensor, candidates: torch.Tensor, factors: torch.Tensor, anchor: torch.Tensor,
-               job: _Job) -> Draft:
-        """The `tree_size` nodes likeliest to be accepted, a node's estimate being the product of the
-        selector's probabilities (softmax of the scores given the node's own path) along its path."""
+    def _best_first_tree(self, unary: torch.Tensor, candidates: torch.Tensor, factors: torch.Tensor,
+                         anchor: torch.Tensor, job: _Job) -> Draft:
+        """expansion=best_first: the `tree_size` nodes likeliest to be accepted, a node's estimate being the
+        product of the selector's probabilities (softmax of the scores given the node's own path) along its
+        path. (Trees expanded along the walk are built for all rows at once, in _finish_rows.)"""
         slots = candidates.shape[0]
         width = min(1 + TREE_RUNNER_UPS, candidates.shape[1])
-        if self.config.expansion == "best_first":
-            cache: dict[tuple[int, ...], tuple[list[float], list[int]]] = {}
+        cache: dict[tuple[int, ...], tuple[list[float], list[int]]] = {}
 
-            def children(path: list[int]) -> tuple[list[float], list[int]]:
-                key = tuple(path)
-                if key not in cache:
-                    previous = anchor if not path else torch.tensor(path[-1:], device=anchor.device)
-                    slot = len(path)
-                    logq = self.selector.scores(unary[slot], factors[slot], previous)[0].log_softmax(-1)
-                    top = logq.topk(width)
-                    cache[key] = (top.values.tolist(), candidates[slot][top.indices].tolist())
-                return cache[key]
+        def children(path: list[int]) -> tuple[list[float], list[int]]:
+            key = tuple(path)
+            if key not in cache:
+                previous = anchor if not path else torch.tensor(path[-1:], device=anchor.device)
+                slot = len(path)
+                logq = self.selector.scores(unary[slot], factors[slot], previous)[0].log_softmax(-1)
+                top = logq.topk(width)
+                cache[key] = (top.values.tolist(), candidates[slot][top.indices].tolist())
+            return cache[key]
 
-            paths = best_first_expand(children, slots, self.config.tree_size)
-            chain = self._greedy_path(children, slots) if self.config.lookup_after and job.lookup else []
-        else:
-            [(paths, chain)] = self._chain_paths2(unary[None], candidates[None], factors[None], anchor[None], width)
+        paths = best_first_expand(children, slots, self.config.tree_size)
+        chain = self._greedy_path(children, slots) if self.config.lookup_after and job.lookup else []
         return self._tree_draft(job, paths, chain, unary.device)
 
     def _tree_draft(self, job: _Job, paths: list[list[int]], chain: list[int], device: torch.device) -> Draft:
