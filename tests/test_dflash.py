@@ -284,6 +284,34 @@ def test_best_first_expansion_may_branch_twice_on_one_path(tmp_path, target):
     assert chain_expansion._tree(logq, []).tokens.tolist() == [[7, 9, 8, 9, 11, 12, 11, 10]]
 
 
+@pytest.mark.parametrize("expansion", ["chain", "best_first"])
+def test_rows_ranked_together_get_each_rows_own_tree(tmp_path, target, monkeypatch, expansion):
+    """A batch's trees rank every row's candidates in one top-k (DFlashProposer._finish_rows): each row's tree
+    equals the one built from its own logits alone, with its own prompt-lookup continuations, and the batch
+    stays lossless."""
+    from specdec_dflash.proposer import DFlashProposer
+
+    folder = write_draft(tmp_path, seed=8, block_size=5)
+    decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=7, lookup=1,
+                                            lookup_after=1, expansion=expansion)
+    original, checked, together = DFlashProposer._finish_rows, [], []
+
+    def checking(self, rows, logits, hidden):
+        drafts = original(self, rows, logits, hidden)
+        together.append(len(rows))
+        for r, (proposer, job) in enumerate(rows):
+            alone = proposer._tree(logits[r, 1: 1 + job.k], job.found, proposer._seeded_depth(job))
+            assert drafts[r].tokens.tolist() == alone.tokens.tolist() and drafts[r].parents == alone.parents
+            checked.append(r)
+        return drafts
+
+    monkeypatch.setattr(DFlashProposer, "_finish_rows", checking)
+    prompts = [[31, 32, 33, 31, 32], [40, 41, 42, 43, 44, 45, 46], [50, 51, 52, 53, 54], [60, 61, 60, 61]]
+    outputs = decoder.generate_ids(prompts, max_new_tokens=12, batch_size=3, draft_budget=4)
+    assert [o.token_ids for o in outputs] == [plain_greedy(target, p, 12) for p in prompts]
+    assert max(together) == 3 and len(checked) >= 8 and max(checked) == 2
+
+
 @settings(max_examples=60, deadline=None)
 @given(slots=st.integers(1, 4), width=st.integers(1, 3), size=st.integers(1, 30), data=st.data())
 def test_best_first_paths_are_the_likeliest_nodes(slots, width, size, data):

@@ -414,16 +414,29 @@ def test_export_writes_zlabs_layout_back_and_refuses_the_others(tmp_path, target
         assert not (tmp_path / fmt).exists()
 
 
-def test_the_shipped_dflash2_draft_ranks_below_dflash_and_float16_is_refused(tmp_path):
-    from specdec.api import default_proposer
+def test_the_shipped_dflash2_draft_is_the_default_for_the_embedded_target():
+    from specdec.api import default_candidates, default_proposer
     from specdec_dflash.dflash2_proposer import DFlash2Proposer
+    from specdec_dflash.proposer import DFlashProposer
 
     assert DFlash2Proposer.has_shipped_draft() and DFlash2Proposer.default_for(None)
-    assert DFlash2Proposer.default_priority < 100 and default_proposer(None) == "dflash"
+    assert DFlash2Proposer.default_priority > DFlashProposer.default_priority
+    assert default_proposer(None) == "dflash2" and default_candidates(None)[:2] == ["dflash2", "dflash"]
     assert not DFlash2Proposer.default_for("some/other-target")
+
+
+def test_under_a_float16_target_the_draft_computes_in_float32(tmp_path):
+    """DFlash2 drafts overflow in float16 (bf16-trained), so a float16 target's draft runs in float32: its
+    embeddings and taps enter cast, its hidden states leave cast for the target's head."""
     half = tiny_model("llama", seed=3).half()
-    with pytest.raises(SpecdecError, match="DFlash2 drafts overflow in float16"):
-        SpeculativeDecoder.from_model(half, proposer="dflash2", draft=save_random_dflash2(tmp_path / "d"))
+    decoder = SpeculativeDecoder.from_model(half, proposer="dflash2", draft=save_random_dflash2(tmp_path / "d"))
+    proposer = decoder.engine.proposer
+    assert {p.dtype for p in proposer.model.parameters()} == {torch.float32}
+    reference = SpeculativeDecoder.from_model(half, proposer="autoregressive")
+    for prompt in ([5, 6, 7], [9, 10, 11, 12, 13]):
+        out = decoder.generate_ids(prompt, max_new_tokens=16)
+        assert out.token_ids == reference.generate_ids(prompt, max_new_tokens=16).token_ids
+        assert len(out.stats.acceptance_lengths) < 16  # the draft was used, and accepted at least once
 
 
 def test_both_spellings_of_a_codebook_at_once_are_refused(tmp_path, target):

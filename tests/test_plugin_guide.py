@@ -55,7 +55,8 @@ def test_the_plugin_is_listed_with_what_each_part_declares(guide_plugin):
     assert rows[("verifier", "rejection")]["supports"] == ["sampling", "trees"]
     assert rows[("command", "repeat-stats")]["distribution"] == "specdec-guide 0.1"
     assert rows[("command", "export")]["distribution"].startswith("specdec ")  # the dflash plugin's command
-    assert rows[("proposer", "dflash")]["default"] and rows[("proposer", "dflash")]["default_priority"] == 100
+    assert rows[("proposer", "dflash2")]["default"] and rows[("proposer", "dflash2")]["default_priority"] == 110
+    assert not rows[("proposer", "dflash")]["default"] and rows[("proposer", "dflash")]["default_priority"] == 100
     # which proposers draft a batch's rows in one call (propose_batch overridden) and which row by row
     assert {name: rows[("proposer", name)]["drafts_rows"] for name in ("dflash", "ngram", "repeat-last")} \
         == {"dflash": "together", "ngram": "one by one", "repeat-last": "one by one"}
@@ -129,7 +130,7 @@ def test_the_default_proposer_is_the_highest_priority_that_needs_no_options(monk
     monkeypatch.setenv("SPECDEC_LOAD_PLUGINS", "dflash")
     get_registry.cache_clear()
     try:
-        assert default_proposer(None) == "dflash"  # the shipped draft fits the embedded target
+        assert default_proposer(None) == "dflash2"  # the shipped drafts fit the embedded target
         assert default_proposer("some/other-model") == "ngram"
         monkeypatch.setenv("SPECDEC_LOAD_PLUGINS", "")
         get_registry.cache_clear()

@@ -38,21 +38,23 @@ class DFlash2Proposer(DFlashProposer):
     name = "dflash2"
     description = ("DFlash2: DFlash with dynamic convolutions in every layer and a candidate selector that "
                    "rescores each slot's top-k by the token before it (z-lab, 2026-08)")
-    # below dflash: the shipped DFlash2 draft (1 layer, run 3) is ahead of the shipped DFlash one on 20 prompts
-    # of GSM8K and level on MT-Bench; the default changes only on the measurement over 40 prompts of each
-    default_priority = 90
+    # above dflash: with the shipped drafts, level or ahead at batch 1 (GSM8K 40: 2.28x against 2.26x; MT-Bench
+    # 40: 2.01x against 1.99x) and ahead in batches, where its one-layer draft's cheaper forward counts every
+    # step (docs/benchmarks.md, "Stop 30")
+    default_priority = 110
     shipped_draft = SHIPPED_DRAFT
 
     class Config(DFlashProposer.Config):
         draft: str | None = Field(None, description="DFlash2 checkpoint folder, z-lab's layout (default: the "
                                   "shipped SmolLM2 DFlash2 draft)")
 
+    @staticmethod
+    def _draft_dtype(target_dtype: torch.dtype) -> torch.dtype:
+        # DFlash2 drafts are bf16-trained; in float16 the residual stream and the convolution's kernels overflow
+        # (vLLM's ports saw NaN and no acceptance), so under a float16 target the draft computes in float32
+        return torch.float32 if target_dtype == torch.float16 else target_dtype
+
     def read_draft_config(self, folder: Path) -> DFlash2Config:
-        if self.target.dtype == torch.float16:
-            # z-lab's DFlash2 drafts are bf16-trained; in float16 the residual stream and the convolution's
-            # kernels overflow (vLLM's ports saw NaN and no acceptance)
-            raise SpecdecError("DFlash2 drafts overflow in float16; run the target in bfloat16 or float32 "
-                               "(--dtype bfloat16).")
         config = read_config(folder)
         if not isinstance(config, DFlash2Config):
             raise SpecdecError(f"{folder} holds a DFlash draft (DFlashDraftModel), not a DFlash2 one; use "
@@ -77,13 +79,8 @@ class DFlash2Proposer(DFlashProposer):
         """As DFlash's, but greedy trees expanded along the walk (the default) are scored for all rows of one
         draft length at once: one row's selector walk is some twenty small products, and at 16 rows doing
         them row by row cost ~10% of a step on this project's CPU."""
-        drafts: list[Draft | None] = [None] * len(rows)
-        together: dict[int, list[int]] = {}  # draft length k -> rows finished together
-        for r, (proposer, job) in enumerate(rows):
-            if job.use_tree and self.config.expansion == "chain":
-                together.setdefault(job.k, []).append(r)
-            else:
-                drafts[r] = proposer._finish(job, logits[r: r + 1, 1: 1 + job.k], hidden[r: r + 1, 1: 1 + job.k])
+        drafts, together = self._rows_apart(rows, logits, hidden,
+                                            lambda job: job.use_tree and self.config.expansion == "chain")
         for k, members in together.items():
             index = torch.tensor(members, device=logits.device)
             unary, candidates, factors = self._candidates(logits[index, 1: 1 + k], hidden[index, 1: 1 + k])

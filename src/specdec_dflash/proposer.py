@@ -124,7 +124,7 @@ class DFlashProposer(HiddenStateProposer):
     name = "dflash"
     description = "DFlash block diffusion: a whole block drafted in one pass, conditioned on target hidden states"
     chain_hint = "--opt tree_size=0"
-    default_priority = 100  # the shipped draft, where it fits the target, beats every other default
+    default_priority = 100  # the shipped draft, where it fits the target, beats every default but dflash2
     shipped_draft = SHIPPED_DRAFT
     check_against_target = staticmethod(check_against_target)
 
@@ -184,7 +184,8 @@ class DFlashProposer(HiddenStateProposer):
         if block_size > limit + 1:  # the trained block, where no option asks for less (the option was checked)
             raise SpecdecError(f"The DFlash draft {folder} was trained with block_size {block_size}, more than "
                                f"{limit + 1}, {block_why(limit)}; pass --opt block_size={limit + 1} or less.")
-        self.model = load_draft(folder, dtype=target.dtype, device=target.device)
+        self.draft_dtype = self._draft_dtype(target.dtype)
+        self.model = load_draft(folder, dtype=self.draft_dtype, device=target.device)
         self.block_size = block_size
         vocab_ids = load_vocab(folder, target.vocab_size) if config.vocab == "draft" else None
         self.vocab_ids = None if vocab_ids is None else vocab_ids.to(target.device)
@@ -193,6 +194,11 @@ class DFlashProposer(HiddenStateProposer):
             self.head = head_rows_linear(target.lm_head, self.vocab_ids)
         # the draft's few-row products, laid out once for oneDNN on a bf16 CPU (specdec.prepacked)
         self.prepacked = route_through_packed([self.model] + ([self.head] if self.head is not None else []))
+
+    @staticmethod
+    def _draft_dtype(target_dtype: torch.dtype) -> torch.dtype:
+        """The dtype the draft computes in: the target's (its embeddings and taps enter as they are)."""
+        return target_dtype
 
     def new_cache(self) -> DraftCache:
         return DraftCache(self.model.config.num_hidden_layers)
@@ -230,7 +236,7 @@ class DFlashProposer(HiddenStateProposer):
             assert all(p.model is lead.model for _, p, _ in jobs), "rows of one batch are forks of one proposer"
             blocks = torch.cat([job.block for _, _, job in jobs])  # [R, n]
             hidden = lead.model.forward_rows(
-                lead.target.embed_tokens(blocks), [job.context.states for _, _, job in jobs],
+                lead._embed(blocks), [job.context.states.to(lead.draft_dtype) for _, _, job in jobs],
                 [job.context.positions for _, _, job in jobs], torch.cat([job.block_positions for _, _, job in jobs]),
                 [p.cache for _, p, _ in jobs])
             logits = lead._head_logits(hidden)  # [R, n, V'] (sliced after the product, see _head_logits)
@@ -240,16 +246,39 @@ class DFlashProposer(HiddenStateProposer):
         return [draft for draft in drafts if draft is not None]
 
     def _single(self, job: _Job) -> Draft:
-        hidden = self.model(self.target.embed_tokens(job.block), job.context.states, job.context.positions,
+        hidden = self.model(self._embed(job.block), job.context.states.to(self.draft_dtype), job.context.positions,
                             job.block_positions, cache=self.cache)
         return self._finish_rows([(self, job)], self._head_logits(hidden), hidden)[0]
 
     def _finish_rows(self, rows: Sequence[tuple[DFlashProposer, _Job]], logits: torch.Tensor,
                      hidden: torch.Tensor) -> list[Draft]:
         """Each row's draft from its block's logits [R, n, V'] and hidden states [R, n, H] (row r is rows[r],
-        a fork of this proposer with its own lookup index). DFlash finishes one row at a time."""
-        return [proposer._finish(job, logits[r: r + 1, 1: 1 + job.k], hidden[r: r + 1, 1: 1 + job.k])
-                for r, (proposer, job) in enumerate(rows)]
+        a fork of this proposer with its own lookup index). Trees rank the candidates of all rows of one draft
+        length in one log-softmax and top-k: row by row, those small operations cost ~2% of a step at 16 rows
+        on this project's CPU. What follows the ranking (paths, lookups) is each row's own."""
+        drafts, together = self._rows_apart(rows, logits, hidden, lambda job: job.use_tree)
+        for k, members in together.items():
+            index = torch.tensor(members, device=logits.device)
+            values, ids = self._top_candidates(logits[index, 1: 1 + k])
+            for r, row_values, row_ids in zip(members, values, ids, strict=True):
+                proposer, job = rows[r]
+                drafts[r] = proposer._tree_from_top(row_values, row_ids, job.found, proposer._seeded_depth(job),
+                                                    logits.device)
+        return drafts  # type: ignore[return-value]
+
+    @staticmethod
+    def _rows_apart(rows: Sequence[tuple[DFlashProposer, _Job]], logits: torch.Tensor, hidden: torch.Tensor,
+                    together_if: Callable[[_Job], bool]) -> tuple[list[Draft | None], dict[int, list[int]]]:
+        """Rows finished one at a time (`_finish`, their drafts filled in) and the rows `together_if` keeps
+        for the caller to finish together, by draft length k (their drafts left None)."""
+        drafts: list[Draft | None] = [None] * len(rows)
+        together: dict[int, list[int]] = {}
+        for r, (proposer, job) in enumerate(rows):
+            if together_if(job):
+                together.setdefault(job.k, []).append(r)
+            else:
+                drafts[r] = proposer._finish(job, logits[r: r + 1, 1: 1 + job.k], hidden[r: r + 1, 1: 1 + job.k])
+        return drafts, together
 
     def _plan(self, state: DecodeState) -> Draft | _Job:
         """What this step drafts: a prompt-lookup draft that needs no draft forward, or the block to run."""
@@ -276,19 +305,22 @@ class DFlashProposer(HiddenStateProposer):
         block_positions = torch.arange(length - 1, length - 1 + self.block_size, device=device).unsqueeze(0)
         return _Job(state, k, sampled, use_tree, lookup, found, block, block_positions, self.take_pending(state))
 
+    def _embed(self, block: torch.Tensor) -> torch.Tensor:
+        """[R, n] token ids -> [R, n, H] the target's embeddings, in the draft's dtype."""
+        return self.target.embed_tokens(block).to(self.draft_dtype)
+
     def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # the head scores every block position and the logits are sliced after: a bf16 matmul on the slice
         # hidden[:, 1:] (offset storage) took ~8x longer on CPU than on the whole, freshly allocated output
-        logits = self.target.lm_head(hidden) if self.vocab_ids is None else self.head(hidden)  # [B, n, V or V']
+        head = self.target.lm_head if self.vocab_ids is None else self.head
+        logits = head(hidden.to(head.weight.dtype))  # [B, n, V or V']
         return self.model.transform_logits(logits)
 
     def _finish(self, job: _Job, logits: torch.Tensor, hidden: torch.Tensor) -> Draft:
         """The draft from the block's logits [B, k, V'] at slots 1..k (their hidden states [B, k, H] beside:
         DFlash2's selector reads them)."""
         state = job.state
-        if job.use_tree:
-            seeded_depth = state.max_draft_tokens if self.config.lookup_after and job.lookup else 0
-            return self._tree(logits[0], job.found, seeded_depth)
+        assert not job.use_tree, "trees are built in _finish_rows"
         if not job.sampled:
             # a point mass: the verifier needs no draft probs. max(...).indices is argmax (first index on ties)
             # and several times faster than argmax on bf16 CPU tensors.
@@ -300,17 +332,31 @@ class DFlashProposer(HiddenStateProposer):
             probs = full.index_copy_(-1, self.vocab_ids, probs)
         return Draft(tokens=self._to_target_ids(picks), probs=probs)
 
+    def _seeded_depth(self, job: _Job) -> int:
+        """How deep prompt lookup seeded by the draft's chain may reach (`lookup_after`); 0 = not seeded."""
+        return job.state.max_draft_tokens if self.config.lookup_after and job.lookup else 0
+
+    def _top_candidates(self, logits: torch.Tensor) -> tuple[list[list[list[float]]], list[list[list[int]]]]:
+        """logits [R, k, V'] -> each slot's 1 + TREE_RUNNER_UPS likeliest tokens, best first: log-probabilities
+        and target ids, [R][k][width] as lists."""
+        logq = logits.float().log_softmax(dim=-1)  # [R, k, V']
+        top = logq.topk(min(1 + TREE_RUNNER_UPS, logq.shape[-1]), dim=-1)
+        return top.values.tolist(), self._to_target_ids(top.indices).tolist()
+
     def _tree(self, logits: torch.Tensor, lookup: list[np.ndarray], seeded_depth: int = 0) -> Draft:
+        """One row's tree from its slots' logits [k, V'] (_tree_from_top)."""
+        values, ids = self._top_candidates(logits.unsqueeze(0))
+        return self._tree_from_top(values[0], ids[0], lookup, seeded_depth, logits.device)
+
+    def _tree_from_top(self, values: list[list[float]], ids: list[list[int]], lookup: list[np.ndarray],
+                       seeded_depth: int, device: torch.device) -> Draft:
         """The `tree_size` draft tokens likeliest to be accepted, as a tree, plus the prompt-lookup
-        continuations in `lookup`. A node's estimate is the product of the draft's probabilities along its
-        path (EAGLE-2's expansion by confidence; a block drafter scores every slot at once, so the estimate
-        treats slots as independent). Estimates only shrink along a path, so the best nodes form a tree.
-        Which paths compete is `expansion`'s choice. With `seeded_depth` > 0, prompt lookup seeded by the
-        chain (`_lookups_after`, paths up to that deep) joins `lookup`."""
-        logq = logits.float().log_softmax(dim=-1)  # [k, V']
-        width = min(1 + TREE_RUNNER_UPS, logq.shape[-1])
-        top = logq.topk(width, dim=-1)  # best first
-        values, ids = top.values.tolist(), self._to_target_ids(top.indices).tolist()
+        continuations in `lookup`; `values` and `ids` are each slot's likeliest tokens (_top_candidates). A
+        node's estimate is the product of the draft's probabilities along its path (EAGLE-2's expansion by
+        confidence; a block drafter scores every slot at once, so the estimate treats slots as independent).
+        Estimates only shrink along a path, so the best nodes form a tree. Which paths compete is
+        `expansion`'s choice. With `seeded_depth` > 0, prompt lookup seeded by the chain (`_lookups_after`,
+        paths up to that deep) joins `lookup`."""
         if seeded_depth:  # the argmax chain is the top-1 column: no second pass over the logits
             lookup = lookup + self._lookups_after([row[0] for row in ids], seeded_depth)
         if self.config.expansion == "best_first":
@@ -318,7 +364,7 @@ class DFlashProposer(HiddenStateProposer):
         else:
             paths = self._chain_paths(values, ids)
         tokens, parents = tree.from_paths(ordered_paths([c.tolist() for c in lookup], paths))
-        return Draft(tokens=torch.tensor([tokens], device=logits.device), parents=parents)
+        return Draft(tokens=torch.tensor([tokens], device=device), parents=parents)
 
     def _chain_paths(self, values: list[list[float]], ids: list[list[int]]) -> list[list[int]]:
         """The `tree_size` likeliest of: the chain's prefixes, and a runner-up at one slot after the chain's
