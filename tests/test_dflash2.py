@@ -433,10 +433,15 @@ def test_under_a_float16_target_the_draft_computes_in_float32(tmp_path):
     proposer = decoder.engine.proposer
     assert {p.dtype for p in proposer.model.parameters()} == {torch.float32}
     reference = SpeculativeDecoder.from_model(half, proposer="autoregressive")
-    for prompt in ([5, 6, 7], [9, 10, 11, 12, 13]):
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    expected = [reference.generate_ids(prompt, max_new_tokens=16).token_ids for prompt in prompts]
+    for prompt, tokens in zip(prompts, expected, strict=True):
         out = decoder.generate_ids(prompt, max_new_tokens=16)
-        assert out.token_ids == reference.generate_ids(prompt, max_new_tokens=16).token_ids
+        assert out.token_ids == tokens
         assert len(out.stats.acceptance_lengths) < 16  # the draft was used, and accepted at least once
+    # both rows' blocks in one draft forward (propose_batch), the same casts
+    batch = decoder.generate_ids(prompts, max_new_tokens=16, batch_size=2, draft_budget=4)  # pinned: drafts
+    assert [o.token_ids for o in batch] == expected
 
 
 def test_both_spellings_of_a_codebook_at_once_are_refused(tmp_path, target):
