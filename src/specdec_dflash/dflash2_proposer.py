@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
-from specdec import Draft, tree
+from specdec import Draft
 from specdec.errors import SpecdecError
 
 from .checkpoint import read_config
 from .dflash2_model import CandidateSelector, DFlash2Config
-from .proposer import TREE_RUNNER_UPS, DFlashProposer, _Job, best_first_expand, ordered_paths
+from .proposer import TREE_RUNNER_UPS, DFlashProposer, _Job, best_first_expand
 
 #: the DFlash2 draft this project trained for the embedded default target, shipped inside the package
 SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2-135m-instruct-dflash2"
@@ -150,11 +150,7 @@ class DFlash2Proposer(DFlashProposer):
 
     def _tree_draft(self, job: _Job, paths: list[list[int]], chain: list[int], device: torch.device) -> Draft:
         """The tree of `paths` and the row's prompt-lookup continuations (those seeded by `chain` as well)."""
-        lookup = job.found
-        if self.config.lookup_after and job.lookup:
-            lookup = lookup + self._lookups_after(chain, job.state.max_draft_tokens)
-        tokens, parents = tree.from_paths(ordered_paths([c.tolist() for c in lookup], paths))
-        return Draft(tokens=torch.tensor([tokens], device=device), parents=parents)
+        return self._paths_draft(paths, chain, job.found, self._seeded_depth(job), device)
 
     @staticmethod
     def _greedy_path(children, slots: int) -> list[int]:

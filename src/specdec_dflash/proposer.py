@@ -357,12 +357,19 @@ class DFlashProposer(HiddenStateProposer):
         Estimates only shrink along a path, so the best nodes form a tree. Which paths compete is
         `expansion`'s choice. With `seeded_depth` > 0, prompt lookup seeded by the chain (`_lookups_after`,
         paths up to that deep) joins `lookup`."""
-        if seeded_depth:  # the argmax chain is the top-1 column: no second pass over the logits
-            lookup = lookup + self._lookups_after([row[0] for row in ids], seeded_depth)
         if self.config.expansion == "best_first":
             paths = best_first_paths(values, ids, self.config.tree_size)
         else:
             paths = self._chain_paths(values, ids)
+        # the argmax chain is the top-1 column: no second pass over the logits
+        return self._paths_draft(paths, [row[0] for row in ids], lookup, seeded_depth, device)
+
+    def _paths_draft(self, paths: list[list[int]], chain: list[int], lookup: list[np.ndarray], seeded_depth: int,
+                     device: torch.device) -> Draft:
+        """The tree of the draft's `paths` and the prompt-lookup continuations `lookup`, joined (seeded_depth >
+        0) by those seeded by the draft's `chain` (_lookups_after)."""
+        if seeded_depth:
+            lookup = lookup + self._lookups_after(chain, seeded_depth)
         tokens, parents = tree.from_paths(ordered_paths([c.tolist() for c in lookup], paths))
         return Draft(tokens=torch.tensor([tokens], device=device), parents=parents)
 
