@@ -58,6 +58,26 @@ def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None 
     return out
 
 
+def drafted_chains(target, proposer: str, folder, prompt=(3, 4, 5, 6), max_new_tokens: int = 16) -> list[list[int]]:
+    """Every chain `proposer` with the draft in `folder` drafted while decoding `prompt` greedily (no tree, no
+    prompt lookup), through the normal loading and drafting path; the output is checked against plain greedy."""
+    from specdec import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder.from_model(target, proposer=proposer, draft=str(folder), tree_size=0, lookup=0)
+    seen = []
+    original = decoder.proposer.propose
+
+    def recording(state):
+        draft = original(state)
+        seen.append(draft.tokens.tolist())
+        return draft
+
+    decoder.proposer.propose = recording
+    out = decoder.generate_ids(list(prompt), max_new_tokens=max_new_tokens).token_ids
+    assert out == plain_greedy(target, list(prompt), max_new_tokens)
+    return seen
+
+
 @pytest.fixture(scope="session")
 def llama64():
     return tiny_model("llama", seed=1)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import plain_greedy, tiny_model
+from conftest import drafted_chains, plain_greedy, tiny_model
 from test_dflash import write_draft
 
 from specdec import SpeculativeDecoder, TargetModel
@@ -71,22 +71,7 @@ def test_a_dflash_draft_upgraded_to_dflash2_drafts_what_it_drafted(tmp_path):
     v1 = write_draft(tmp_path / "v1", seed=9)
     v2 = upgrade_to_dflash2(load_draft(v1, dtype=torch.float64), 2, 8, 4, 5)
     save_draft(v2, tmp_path / "v2", dtype=torch.float64)
-
-    def chains(proposer, folder):
-        decoder = SpeculativeDecoder.from_model(target, proposer=proposer, draft=str(folder), tree_size=0, lookup=0)
-        seen = []
-        original = decoder.proposer.propose
-
-        def recording(state):
-            draft = original(state)
-            seen.append(draft.tokens.tolist())
-            return draft
-
-        decoder.proposer.propose = recording
-        assert decoder.generate_ids([3, 4, 5, 6], max_new_tokens=16).token_ids == plain_greedy(target, [3, 4, 5, 6], 16)
-        return seen
-
-    assert chains("dflash2", tmp_path / "v2") == chains("dflash", v1)
+    assert drafted_chains(target, "dflash2", tmp_path / "v2") == drafted_chains(target, "dflash", v1)
 
 
 def test_tiny_dflash2_run_from_a_dflash_draft_lowers_loss_and_resumes(tiny_setup):

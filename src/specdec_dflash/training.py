@@ -24,6 +24,7 @@ from specdec.training.data import DataDir
 from specdec.training.objective import ObjectiveConfig, TrainingObjective, master_dtype, target_shaped_fields
 
 from .checkpoint import check_against_target, load_draft, save_draft
+from .deepen import deepen
 from .distillation import distillation_ce, soft_targets
 from .model import DFlashConfig, DFlashDraftModel
 from .vocab import head_rows, label_map, load_vocab, most_frequent, save_vocab
@@ -103,7 +104,8 @@ class DFlashObjective(TrainingObjective):
     keeps_taps = True  # its taps come from target_taps (--tap-cache)
 
     class Config(ObjectiveConfig):
-        num_layers: int = Field(3, ge=1, description="draft decoder layers (new drafts)")
+        num_layers: int = Field(3, ge=1, description="draft decoder layers (new drafts); with --init, more than the "
+                            "draft's own appends layers that start by changing nothing (specdec_dflash.deepen)")
         block_size: int | None = Field(None, ge=2, description="block size: 16 for a new draft; with --init, the "
                                        "draft's own or a smaller one, which the saved draft then records")
         num_anchors: int = Field(64, ge=1, description="anchor blocks per sequence, resampled every epoch")
@@ -186,6 +188,8 @@ class DFlashObjective(TrainingObjective):
                                        f"--opt block_size={draft.config.block_size} or less.")
                 # fine-tuned for a shorter block: the saved config, and so the proposer's default, follows
                 draft.config = draft.config.model_copy(update={"block_size": config.block_size})
+            if "num_layers" in config.model_fields_set:  # honoured: new layers that change nothing yet
+                draft = deepen(draft, config.num_layers)
         else:
             layer_ids = config.target_layer_ids or DFlashConfig.default_target_layer_ids(target.num_layers,
                                                                                          config.num_layers)

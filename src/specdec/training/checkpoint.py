@@ -34,7 +34,13 @@ def state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 def load_state_tensors(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         tensors: dict[str, torch.Tensor]) -> None:
-    module.load_state_dict({k[len("param/"):]: v for k, v in tensors.items() if k.startswith("param/")})
+    saved = {k[len("param/"):]: v for k, v in tensors.items() if k.startswith("param/")}
+    mine = module.state_dict()
+    odd = sorted(set(saved) ^ set(mine)) or [k for k in saved if saved[k].shape != mine[k].shape]
+    if odd:  # e.g. a resume given another --opt num_layers than the run was started with
+        raise SpecdecError(f"The run's checkpoint holds a draft of another shape than these options build (tensor "
+                           f"{odd[0]}); resume with the --opt values the run was started with.")
+    module.load_state_dict(saved)
     params = dict(module.named_parameters())
     for key, value in tensors.items():
         if not key.startswith("optim/"):
