@@ -37,6 +37,10 @@ def test_a_deepened_draft_drafts_what_the_shallow_one_drafted(tmp_path, kind):
     target = tiny_model("llama", seed=3)
     shallow_folder = shallow_draft(tmp_path, kind)
     shallow = load_draft(shallow_folder, dtype=torch.float64)
+    with torch.no_grad():  # weights no float32 can hold: deepening must not round them
+        for p in shallow.parameters():
+            p.add_(torch.randn_like(p) * 1e-9)
+    shallow_folder = save_draft(shallow, tmp_path / "shallow64", dtype=torch.float64)
     deeper = deepen(shallow, 4)
     assert len(deeper.layers) == 4 and deeper.config.num_hidden_layers == 4
     last = {k: v for k, v in shallow.layers[1].state_dict().items()}

@@ -33,7 +33,8 @@ def deepen(draft: DFlashDraftModel, num_layers: int) -> DFlashDraftModel:
     fields = config.model_dump() | {"num_hidden_layers": num_layers}
     if config.layer_types is not None:  # the new layers attend as the last one does
         fields["layer_types"] = list(config.layer_types) + [config.layer_types[-1]] * extra
-    deeper = type(draft)(type(config)(**fields))
+    parameter = next(draft.parameters())  # built in the draft's dtype, so that no weight is rounded on the way
+    deeper = type(draft)(type(config)(**fields)).to(device=parameter.device, dtype=parameter.dtype)
     state = draft.state_dict()
     last = f"layers.{have - 1}."
     for i in range(have, num_layers):
@@ -44,5 +45,4 @@ def deepen(draft: DFlashDraftModel, num_layers: int) -> DFlashDraftModel:
         for layer in deeper.layers[have:]:
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
-    parameter = next(draft.parameters())
-    return deeper.to(device=parameter.device, dtype=parameter.dtype).train(draft.training)
+    return deeper.train(draft.training)
