@@ -58,6 +58,13 @@ def plain_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None 
     return out
 
 
+def tiny_train_args(model_dir, data_dir, save_every: int) -> list[str]:
+    """The common part of a tiny `specdec train` command on tiny_setup's target and data (float32, block 4)."""
+    return ["train", "--model", model_dir, "--data", data_dir, "--dtype", "float32", "--opt", "block_size=4",
+            "--opt", "num_anchors=8", "--lr", "3e-3", "--save-every", str(save_every), "--eval-prompts", "2",
+            "--no-progress"]
+
+
 def drafted_chains(target, proposer: str, folder, prompt=(3, 4, 5, 6), max_new_tokens: int = 16) -> list[list[int]]:
     """Every chain `proposer` with the draft in `folder` drafted while decoding `prompt` greedily (no tree, no
     prompt lookup), through the normal loading and drafting path; the output is checked against plain greedy."""

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import drafted_chains, tiny_model
+from conftest import drafted_chains, tiny_model, tiny_train_args
 from safetensors.torch import load_file
 from test_dflash import write_draft
 
@@ -72,8 +72,7 @@ def test_a_draft_is_not_cut(tmp_path):
 
 def test_training_honours_num_layers_with_init_and_the_new_layer_learns(tiny_setup):
     root, model_dir, data_dir = tiny_setup
-    base = ["train", "--model", model_dir, "--data", data_dir, "--dtype", "float32", "--opt", "block_size=4",
-            "--opt", "num_anchors=8", "--lr", "3e-3", "--save-every", "5", "--eval-prompts", "2", "--no-progress"]
+    base = tiny_train_args(model_dir, data_dir, save_every=5)
     result = CliRunner().invoke(main, base + ["--proposer", "dflash", "--out", str(root / "one"), "--steps", "5",
                                               "--opt", "num_layers=1", "--opt", "mask_token_id=4"])
     assert result.exit_code == 0, result.output

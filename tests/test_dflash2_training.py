@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import drafted_chains, plain_greedy, tiny_model
+from conftest import drafted_chains, plain_greedy, tiny_model, tiny_train_args
 from test_dflash import write_draft
 
 from specdec import SpeculativeDecoder, TargetModel
@@ -76,8 +76,7 @@ def test_a_dflash_draft_upgraded_to_dflash2_drafts_what_it_drafted(tmp_path):
 
 def test_tiny_dflash2_run_from_a_dflash_draft_lowers_loss_and_resumes(tiny_setup):
     root, model_dir, data_dir = tiny_setup
-    base = ["train", "--model", model_dir, "--data", data_dir, "--dtype", "float32", "--opt", "block_size=4",
-            "--opt", "num_anchors=8", "--lr", "3e-3", "--save-every", "10", "--eval-prompts", "2", "--no-progress"]
+    base = tiny_train_args(model_dir, data_dir, save_every=10)
     result = CliRunner().invoke(main, base + ["--proposer", "dflash", "--out", str(root / "v1"), "--steps", "10",
                                               "--opt", "num_layers=1", "--opt", "mask_token_id=4"])
     assert result.exit_code == 0, result.output
