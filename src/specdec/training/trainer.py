@@ -99,18 +99,22 @@ def _held_out(sequence_id: str, fraction: float) -> bool:
 
 
 def split_sequences(data: DataDir, fraction: float, max_length: int):
-    """(train, held-out) lists of (tokens, loss_mask); held-out is chosen by id hash, stable as data grows."""
+    """(train, held-out, held-out ids): lists of (tokens, loss_mask), and the held-out sequences' ids in data order.
+
+    Held-out is chosen by id hash, and data only grows by appended shards, so a grown data set keeps the
+    held-out sequences it had, in front: runs on it evaluate the same first prompts (``eval_ids`` records them)."""
     index = data.read_index()
-    train, held = [], []
+    train, held, train_ids, held_ids = [], [], [], []
     ids = [i for shard in index["shards"] for i in shard["ids"]]
     for sequence_id, (tokens, mask) in zip(ids, data.sequences(), strict=True):
         tokens, mask = tokens[:max_length], mask[:max_length]
-        (held if _held_out(sequence_id, fraction) else train).append((tokens, mask))
+        is_held = _held_out(sequence_id, fraction)
+        (held if is_held else train).append((tokens, mask))
+        (held_ids if is_held else train_ids).append(sequence_id)
     if not held and fraction > 0 and len(train) > 1:
         held.append(train.pop())  # tiny data sets: still evaluate on one unseen sequence
-    return train, held
-
-
+        held_ids.append(train_ids.pop())
+    return train, held, held_ids
 
 
 def evaluate_acceptance(objective: TrainingObjective, proposer_name: str, prompts: list[torch.Tensor],
@@ -189,7 +193,7 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
     if resume:
         saved, tensors = load_checkpoint(run)
         load_state_tensors(objective.module, optimizer, tensors)
-        state.update({k: saved[k] for k in ("step", "epoch", "position", "elapsed", "history", "window")
+        state.update({k: saved[k] for k in ("step", "epoch", "position", "elapsed", "history", "window", "eval_ids")
                       if k in saved})
         for change in schedule_changes(saved.get("settings", {}), settings) if rank == 0 else []:
             print(f"note: {change}", file=sys.stderr, flush=True)
@@ -197,11 +201,16 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
     if settings.pause_at_minutes is not None and state["elapsed"] >= 60 * settings.pause_at_minutes:
         raise SpecdecError(f"The run in {run} has already trained {state['elapsed'] / 60:.4g} minutes, past "
                            f"--pause-at-minutes {settings.pause_at_minutes:g}; give a later pause, or leave it out.")
-    train_set, held_out = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
+    train_set, held_out, held_ids = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
     if not train_set:
         raise SpecdecError(f"{data_dir} holds no training sequences; generate data first.")
     eval_prompts = [tokens[~mask.bool()] if (~mask.bool()).any() else tokens[:1] for tokens, mask in
                     held_out[: settings.eval_prompts]]
+    eval_ids = held_ids[: settings.eval_prompts]
+    if rank == 0 and "eval_ids" in state and state["eval_ids"] != eval_ids:  # saved by an earlier piece
+        print("note: the held-out prompts differ from the ones this run evaluated before (other data?), so its "
+              "acceptance curve breaks here.", file=sys.stderr, flush=True)
+    state["eval_ids"] = eval_ids  # which prompts the acceptance curve is measured on, to compare runs by
     generator = torch.Generator().manual_seed(settings.seed + 7919 * state["epoch"] + rank)
     if "rng/generator" in tensors and rank == 0:  # the anchors a never-stopped run would draw next (rank 0's)
         generator.set_state(tensors["rng/generator"])
@@ -247,7 +256,7 @@ def _train(objective: TrainingObjective, proposer_name: str, data: DataDir, data
                     state["epoch"] += 1
                     state["position"] = 0
                     # data generated meanwhile (a concurrent `specdec data generate`) joins at epoch boundaries
-                    train_set, held_out = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
+                    train_set, _, _ = split_sequences(data, settings.eval_fraction, settings.max_sequence_length)
                     order = epoch_order(state["epoch"])
                 pending.append(train_set[order[state["position"]]])
                 state["position"] += 1
