@@ -113,6 +113,12 @@ def test_training_with_a_draft_vocabulary_saves_and_keeps_it(tmp_path):
     grown = [([2, 3, 60, 61, 62, 63, 64], [0] * 2 + [1] * 5)]
     again.use_data(DataDir(write_data(tmp_path / "other", tokenizer, grown)))
     assert again.vocab_ids.tolist() == [20, 21, 22, 23, 40]
+    # and names where the tokens were counted, through any number of continuations (a resume is one)
+    again.save_draft(tmp_path / "continued")
+    assert json.loads((tmp_path / "continued" / VOCAB_FILE).read_text())["source"] == saved["source"]
+    (tmp_path / "draft" / VOCAB_FILE).write_text(json.dumps({"token_ids": saved["token_ids"]}))  # none recorded
+    unnamed = DFlashObjective(DFlashObjective.Config(draft_vocab_size=5), target, init=tmp_path / "draft")
+    assert unnamed.vocab_source == f"inherited from {tmp_path / 'draft'}"
     # unless told to count afresh: the head rows are the target's, so only the choice of tokens changes
     recounted = DFlashObjective(DFlashObjective.Config(vocab_from_data=True), target, init=tmp_path / "draft")
     recounted.use_data(DataDir(write_data(tmp_path / "third", tokenizer, grown)))

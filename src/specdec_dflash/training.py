@@ -27,7 +27,7 @@ from .checkpoint import check_against_target, load_draft, save_draft
 from .deepen import deepen
 from .distillation import distillation_ce, soft_targets
 from .model import DFlashConfig, DFlashDraftModel
-from .vocab import head_rows, label_map, load_vocab, most_frequent, save_vocab
+from .vocab import head_rows, inherited_source, label_map, load_vocab, most_frequent, save_vocab
 
 
 def loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
@@ -147,7 +147,7 @@ class DFlashObjective(TrainingObjective):
         if init is not None:
             inherited = load_vocab(init, target.vocab_size)
             if inherited is not None:
-                self._set_vocab(inherited, f"inherited from {init}")
+                self._set_vocab(inherited, inherited_source(init))
         self.block_size = draft.config.block_size
         self.weights = loss_weights(self.block_size, config.gamma).to(target.device)
         target.request_taps(list(self.draft.config.target_layer_ids))

@@ -23,8 +23,8 @@ from specdec.draft_vocab import head_rows, head_rows_linear, label_map, most_fre
 from specdec.errors import SpecdecError
 from specdec.files import atomic_write_json
 
-__all__ = ["VOCAB_FILE", "head_rows", "head_rows_linear", "label_map", "load_vocab", "most_frequent",
-           "save_vocab"]
+__all__ = ["VOCAB_FILE", "head_rows", "head_rows_linear", "inherited_source", "label_map", "load_vocab",
+           "most_frequent", "save_vocab"]
 
 VOCAB_FILE = "draft_vocab.json"
 
@@ -32,6 +32,17 @@ VOCAB_FILE = "draft_vocab.json"
 def save_vocab(token_ids: torch.Tensor, folder: str | os.PathLike, source: str = "") -> None:
     """Write draft_vocab.json in `folder`, atomically (specdec.files)."""
     atomic_write_json(Path(folder) / VOCAB_FILE, {"token_ids": token_ids.tolist(), "source": source}, indent=None)
+
+
+def inherited_source(folder: str | os.PathLike) -> str:
+    """The `source` a draft trained from `folder` records: the origin `folder`'s vocabulary recorded (its count),
+    so a resumed run, or a draft continued from a continued one, keeps naming where the tokens were counted;
+    `inherited from <folder>` only where `folder` recorded nothing."""
+    try:
+        recorded = json.loads((Path(folder) / VOCAB_FILE).read_text()).get("source", "")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        recorded = ""
+    return recorded if isinstance(recorded, str) and recorded else f"inherited from {folder}"
 
 
 def load_vocab(folder: str | os.PathLike, vocab_size: int) -> torch.Tensor | None:
