@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from conftest import tiny_tokenizer, write_data
+from conftest import tiny_tokenizer, tiny_train_args, write_data
 
 from specdec.cli import main
 from specdec.training.data import DataDir
@@ -49,9 +49,8 @@ def test_a_tiny_data_set_still_holds_one_out_and_names_it(tmp_path):
 def test_the_run_records_the_prompts_its_curve_is_measured_on(tiny_setup):
     root, model_dir, data_dir = tiny_setup
     run = root / "run-ids"
-    args = ["train", "--proposer", "dflash", "--model", model_dir, "--data", data_dir, "--out", str(run),
-            "--dtype", "float32", "--opt", "num_layers=1", "--opt", "block_size=4", "--opt", "num_anchors=8",
-            "--opt", "mask_token_id=4", "--save-every", "2", "--eval-prompts", "2", "--no-progress"]
+    args = tiny_train_args(model_dir, data_dir, save_every=2) + [
+        "--proposer", "dflash", "--out", str(run), "--opt", "num_layers=1", "--opt", "mask_token_id=4"]
     result = CliRunner().invoke(main, args + ["--steps", "2"])
     assert result.exit_code == 0, result.output
     _, _, held_ids = split_sequences(DataDir(data_dir), 0.01, 2048)
