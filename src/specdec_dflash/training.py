@@ -24,8 +24,8 @@ from specdec.training.data import DataDir
 from specdec.training.objective import ObjectiveConfig, TrainingObjective, master_dtype, target_shaped_fields
 
 from .checkpoint import check_against_target, load_draft, save_draft
-from .deepen import deepen
 from .distillation import distillation_ce, soft_targets
+from .grow import deepen, widen
 from .model import DFlashConfig, DFlashDraftModel
 from .vocab import head_rows, inherited_source, label_map, load_vocab, most_frequent, save_vocab
 
@@ -105,14 +105,16 @@ class DFlashObjective(TrainingObjective):
 
     class Config(ObjectiveConfig):
         num_layers: int = Field(3, ge=1, description="draft decoder layers (new drafts); with --init, more than the "
-                            "draft's own appends layers that start by changing nothing (specdec_dflash.deepen)")
+                            "draft's own appends layers that start by changing nothing (specdec_dflash.grow)")
         block_size: int | None = Field(None, ge=2, description="block size: 16 for a new draft; with --init, the "
                                        "draft's own or a smaller one, which the saved draft then records")
         num_anchors: int = Field(64, ge=1, description="anchor blocks per sequence, resampled every epoch")
         gamma: float | None = Field(None, gt=0, description="loss decay; default by block size (7 for 16)")
         mask_token_id: int | None = Field(None, ge=0, description="default: an unused special token")
         target_layer_ids: list[int] | None = Field(None, description="default: spread over the target's depth")
-        intermediate_size: int | None = Field(None, gt=0, description="default: the target's")
+        intermediate_size: int | None = Field(None, gt=0, description="MLP units: the target's for a new draft; "
+                                              "with --init, more than the draft's own adds units that start by "
+                                              "changing nothing (specdec_dflash.grow)")
         draft_vocab_size: int | None = Field(None, ge=1, description="score only the N most frequent response "
                                              "tokens of the data (FR-Spec, EAGLE-3's d2t); default: the --init "
                                              "draft's vocabulary, else the whole vocabulary")
@@ -188,7 +190,9 @@ class DFlashObjective(TrainingObjective):
                                        f"--opt block_size={draft.config.block_size} or less.")
                 # fine-tuned for a shorter block: the saved config, and so the proposer's default, follows
                 draft.config = draft.config.model_copy(update={"block_size": config.block_size})
-            if "num_layers" in config.model_fields_set:  # honoured: new layers that change nothing yet
+            if config.intermediate_size is not None:  # honoured: new units that change nothing yet
+                draft = widen(draft, config.intermediate_size)
+            if "num_layers" in config.model_fields_set:  # honoured: new layers (copies of the widened last)
                 draft = deepen(draft, config.num_layers)
         else:
             layer_ids = config.target_layer_ids or DFlashConfig.default_target_layer_ids(target.num_layers,
