@@ -118,3 +118,20 @@ def test_dflash2_drafts_train_only_as_dflash2_and_keep_their_shapes(tmp_path):
         DFlash2Objective(DFlash2Objective.Config(selector_rank=9), target, init=v2)
     same = DFlash2Objective(DFlash2Objective.Config(selector_rank=6), target, init=v2)  # agreeing: fine
     assert same.draft.config.selector_rank == 6
+
+
+@pytest.mark.parametrize("option", [{"target_layer_ids": [0, 1]}, {"mask_token_id": 7}])
+def test_init_refuses_options_that_would_change_the_trained_draft(tmp_path, option):
+    """Taps and the mask token are the trained draft's own: asked for others with --init, training would have
+    gone on with the draft's (silently); now the option is refused, and an agreeing one is fine."""
+    from specdec import SpecdecError
+    from specdec_dflash.training import DFlashObjective
+
+    target = TargetModel(tiny_model("llama", seed=3))
+    folder = write_draft(tmp_path / "v1", seed=2)  # target_layer_ids [0, 2], mask_token_id 5
+    (key, value), = option.items()
+    have = getattr(load_draft(folder).config, key)
+    with pytest.raises(SpecdecError, match=rf"has {key} .*; --opt {key}=.* cannot change a trained draft"):
+        DFlashObjective(DFlashObjective.Config(**option), target, init=folder)
+    same = DFlashObjective(DFlashObjective.Config(**{key: have}), target, init=folder)
+    assert getattr(same.draft.config, key) == have

@@ -340,6 +340,22 @@ def test_init_from_a_draft_for_another_target_is_refused(tiny_setup, tmp_path):
         Eagle3Objective(Eagle3Objective.Config(), target, init=tmp_path / "wide")
 
 
+@pytest.mark.parametrize("option", [{"intermediate_size": 40}, {"target_layer_ids": [0, 1, 1]},
+                                    {"draft_vocab_size": 32}])
+def test_init_refuses_options_that_would_reshape_the_trained_draft(tmp_path, option):
+    """With --init these options were silently ignored (training went on with the draft's own shape); now a
+    differing one is refused and an agreeing one is fine."""
+    save_draft(random_draft(7), tmp_path / "trained")
+    target = TargetModel(tiny_model("llama", seed=4), tiny_tokenizer())
+    (key, value), = option.items()
+    have = getattr(load_draft(tmp_path / "trained").config, key)
+    assert have != value
+    with pytest.raises(SpecdecError, match=rf"has {key} .*; --opt {key}=.* cannot change a trained draft"):
+        Eagle3Objective(Eagle3Objective.Config(**option), target, init=tmp_path / "trained")
+    same = Eagle3Objective(Eagle3Objective.Config(**{key: have}), target, init=tmp_path / "trained")
+    assert getattr(same.draft.config, key) == have
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Every config.json field honoured or refused (issue 25), before any weights load.
 # ---------------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from specdec.errors import SpecdecError
 from specdec.target import TargetModel
+from specdec.training.objective import refuse_reshaping
 
 from .dflash2_model import DFlash2Config, DFlash2DraftModel, GroupedDynamicCausalConv
 from .model import DFlashDraftModel
@@ -78,10 +79,7 @@ class DFlash2Objective(DFlashObjective):
     def _initial_draft(self, config: Config, target: TargetModel, init: str | Path | None) -> DFlash2DraftModel:
         draft = super()._initial_draft(config, target, init)
         if isinstance(draft, DFlash2DraftModel):  # it goes on with its own convolution and selector sizes
-            for key in sorted(set(config.model_fields_set) & set(SHAPE_OPTIONS)):
-                if getattr(config, key) != getattr(draft.config, key):
-                    raise SpecdecError(f"The draft {init} has {key} {getattr(draft.config, key)}; --opt {key}="
-                                       f"{getattr(config, key)} cannot change a trained DFlash2 draft. Drop it.")
+            refuse_reshaping(config, draft.config, init, SHAPE_OPTIONS)
             return draft
         if target.hidden_size % config.conv_group_size:
             raise SpecdecError(f"conv_group_size {config.conv_group_size} does not divide the target's hidden size "

@@ -21,7 +21,13 @@ from specdec.backends import decoder_layers
 from specdec.errors import SpecdecError
 from specdec.target import TargetModel
 from specdec.training.data import DataDir
-from specdec.training.objective import ObjectiveConfig, TrainingObjective, master_dtype, target_shaped_fields
+from specdec.training.objective import (
+    ObjectiveConfig,
+    TrainingObjective,
+    master_dtype,
+    refuse_reshaping,
+    target_shaped_fields,
+)
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .distillation import distillation_ce, soft_targets
@@ -167,6 +173,7 @@ class DFlashObjective(TrainingObjective):
             if type(draft) is not DFlashDraftModel and self.name == "dflash":
                 raise SpecdecError(f"The draft {init} is a DFlash2 draft; train it with --proposer dflash2.")
             check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
+            refuse_reshaping(config, draft.config, init, ("target_layer_ids", "mask_token_id"))
             if any(draft.config.window_of(i) is not None for i in range(draft.config.num_hidden_layers)):
                 # the packed training mask shows each block its whole context; such a draft would train on
                 # more context than its windowed layers see when it drafts

@@ -21,7 +21,13 @@ from pydantic import Field
 from specdec.draft_vocab import label_map, most_frequent
 from specdec.target import TargetModel
 from specdec.training.data import DataDir
-from specdec.training.objective import ObjectiveConfig, TrainingObjective, master_dtype, target_shaped_fields
+from specdec.training.objective import (
+    ObjectiveConfig,
+    TrainingObjective,
+    master_dtype,
+    refuse_reshaping,
+    target_shaped_fields,
+)
 
 from .checkpoint import check_against_target, load_draft, save_draft
 from .model import Eagle3Config, Eagle3DraftModel
@@ -65,6 +71,7 @@ class Eagle3Objective(TrainingObjective):
         if init is not None:
             draft = load_draft(init, dtype=torch.float32, device=target.device, num_target_layers=target.num_layers)
             check_against_target(draft.config, target.hidden_size, target.num_layers, target.vocab_size, str(init))
+            refuse_reshaping(config, draft.config, init, ("target_layer_ids", "intermediate_size", "draft_vocab_size"))
         else:
             draft_config = Eagle3Config(
                 **target_shaped_fields(target, config.intermediate_size),

@@ -8,14 +8,27 @@ from typing import Any
 import torch
 
 from ..contracts import ObjectiveConfig, Target, TrainingObjective
+from ..errors import SpecdecError
 
-__all__ = ["ObjectiveConfig", "TrainingObjective", "master_dtype", "rope_theta_of", "target_shaped_fields"]
+__all__ = ["ObjectiveConfig", "TrainingObjective", "master_dtype", "refuse_reshaping", "rope_theta_of",
+           "target_shaped_fields"]
 
 
 def master_dtype(target: Target) -> torch.dtype:
     """The dtype a draft trains in beside `target`: float32 master weights (the forward runs under bf16
     autocast), or float64 beside a float64 target, which autocast leaves alone (exact tests)."""
     return torch.float64 if target.dtype == torch.float64 else torch.float32
+
+
+def refuse_reshaping(config: ObjectiveConfig, draft_config: Any, init: object, keys: tuple[str, ...]) -> None:
+    """With --init, an option among `keys` that was given and differs from the trained draft's own value would
+    train a draft other than the one asked for; refuse it rather than ignore it (a value equal to the draft's
+    own is harmless)."""
+    for key in sorted(set(config.model_fields_set) & set(keys)):
+        wanted, have = getattr(config, key), getattr(draft_config, key)
+        if wanted is not None and (list(have) if isinstance(wanted, list) else have) != wanted:
+            raise SpecdecError(f"The draft {init} has {key} {have}; --opt {key}={wanted} cannot change a trained "
+                               "draft. Drop it, or leave out --init to train a new draft.")
 
 
 def rope_theta_of(config: Any) -> float:
