@@ -10,13 +10,11 @@ deeper draft computes exactly the same hidden states, logits and selector scores
 training moves the new outputs away from zero (the zero-initialised residual branch of ReZero and of
 GPT-2-style initialisations, applied to growth as in Net2Net's function-preserving "deeper" operator).
 
-A layer costs a draft step about as much as a target layer does, while on a CPU drafting a block of 8-16
-positions most of that cost is per-operation overhead and attention, not the MLP's arithmetic: on this
-project's machine a one-layer SmolLM2-sized draft step took 1.7 ms with the MLP's 1,536 units, 1.9 ms with
-3,072 and 2.3 ms with 6,144, against 3.0 ms with a second layer. So capacity can also be added across:
-`widen` gives every MLP more units, the new ones reading the input through fresh gate and up rows and
-writing nothing yet (their `down_proj` columns zero), Net2Net's "wider" operator in the same
-zero-residual form.
+`widen` adds capacity across instead: every MLP gets more units, the new ones reading the input through
+fresh gate and up rows and writing nothing yet (their `down_proj` columns zero), Net2Net's "wider" operator
+in the same zero-residual form. Which is cheaper per draft step depends on the machine: timed alone with
+its weights in cache, MLP units cost far less than a layer, but in decoding on a CPU the target's forward
+evicts the draft's weights between steps and the cost follows the bytes read (docs/training.md, "Run 7").
 """
 
 from __future__ import annotations
