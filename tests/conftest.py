@@ -65,6 +65,20 @@ def tiny_train_args(model_dir, data_dir, save_every: int) -> list[str]:
             "--no-progress"]
 
 
+def train_one_layer_dflash(root, model_dir, data_dir, steps: int, name: str):
+    """A first one-layer DFlash draft trained `steps` steps on tiny_setup (mask token 4), the starting point of
+    the tests that grow or upgrade a trained draft, in run folder root/name; returns its draft folder."""
+    from click.testing import CliRunner
+
+    from specdec.cli import main
+
+    base = tiny_train_args(model_dir, data_dir, save_every=steps)
+    result = CliRunner().invoke(main, base + ["--proposer", "dflash", "--out", str(root / name), "--steps",
+                                              str(steps), "--opt", "num_layers=1", "--opt", "mask_token_id=4"])
+    assert result.exit_code == 0, result.output
+    return root / name / "draft"
+
+
 def drafted_chains(target, proposer: str, folder, prompt=(3, 4, 5, 6), max_new_tokens: int = 16) -> list[list[int]]:
     """Every chain `proposer` with the draft in `folder` drafted while decoding `prompt` greedily (no tree, no
     prompt lookup), through the normal loading and drafting path; the output is checked against plain greedy."""

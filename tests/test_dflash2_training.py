@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import drafted_chains, plain_greedy, tiny_model, tiny_train_args
+from conftest import drafted_chains, plain_greedy, tiny_model, tiny_train_args, train_one_layer_dflash
 from test_dflash import write_draft
 
 from specdec import SpeculativeDecoder, TargetModel
@@ -77,11 +77,9 @@ def test_a_dflash_draft_upgraded_to_dflash2_drafts_what_it_drafted(tmp_path):
 def test_tiny_dflash2_run_from_a_dflash_draft_lowers_loss_and_resumes(tiny_setup):
     root, model_dir, data_dir = tiny_setup
     base = tiny_train_args(model_dir, data_dir, save_every=10)
-    result = CliRunner().invoke(main, base + ["--proposer", "dflash", "--out", str(root / "v1"), "--steps", "10",
-                                              "--opt", "num_layers=1", "--opt", "mask_token_id=4"])
-    assert result.exit_code == 0, result.output
+    v1 = train_one_layer_dflash(root, model_dir, data_dir, steps=10, name="v1")
     run = root / "v2"
-    args = base + ["--proposer", "dflash2", "--out", str(run), "--init", str(root / "v1" / "draft"),
+    args = base + ["--proposer", "dflash2", "--out", str(run), "--init", str(v1),
                    "--opt", "conv_group_size=8", "--opt", "selector_rank=4", "--opt", "selector_top_k=4"]
     result = CliRunner().invoke(main, args + ["--steps", "20"])
     assert result.exit_code == 0, result.output

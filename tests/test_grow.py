@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import drafted_chains, tiny_model, tiny_train_args
+from conftest import drafted_chains, tiny_model, tiny_train_args, train_one_layer_dflash
 from safetensors.torch import load_file
 from test_dflash import write_draft
 
@@ -111,10 +111,7 @@ def test_a_draft_is_not_cut(tmp_path):
 def test_training_honours_num_layers_and_intermediate_size_with_init_and_what_is_added_learns(tiny_setup):
     root, model_dir, data_dir = tiny_setup
     base = tiny_train_args(model_dir, data_dir, save_every=5)
-    result = CliRunner().invoke(main, base + ["--proposer", "dflash", "--out", str(root / "one"), "--steps", "5",
-                                              "--opt", "num_layers=1", "--opt", "mask_token_id=4"])
-    assert result.exit_code == 0, result.output
-    one = root / "one" / "draft"
+    one = train_one_layer_dflash(root, model_dir, data_dir, steps=5, name="one")
     result = CliRunner().invoke(main, base + ["--proposer", "dflash", "--out", str(root / "two"), "--steps", "5",
                                               "--init", str(one), "--opt", "num_layers=2"])
     assert result.exit_code == 0, result.output
