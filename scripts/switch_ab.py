@@ -1,18 +1,19 @@
 """Batched decoding with a module switch at one value against another, in one process, interleaved.
 
-    python scripts/switch_ab.py [--prompts 20] [--batch 4] [--rounds 2] [--tokens 256]
+    python scripts/switch_ab.py [--prompts 20] [--batch 4] [--rounds 2] [--tokens 256] [--dtype bfloat16]
         [--switch specdec.native.GROUPED_ATTENTION --values grouped,fused] [--proposers autoregressive,dflash]
         [--opt KEY=VALUE ...]
 
-One embedded target (bf16, native forward), one decoder per runner: plain batched decoding and `dflash` (the
-adaptive budget), each with the switch (a module's global) set to each value before its passes:
-specdec.native.GROUPED_ATTENTION (grouped,fused: specdec's grouped attention against torch's fused kernel),
+One embedded target (bf16 unless --dtype says otherwise, native forward), one decoder per runner: plain batched
+decoding and `dflash` (the adaptive budget), each with the switch (a module's global) set to each value before its
+passes: specdec.native.GROUPED_ATTENTION (grouped,fused: specdec's grouped attention against torch's fused kernel),
 specdec.native.FOLDED_ATTENTION (folded,fused: query heads folded into queries or not),
 specdec.budget.OBSERVED_COSTS (true,false: the steps' real forwards correct the budget's probed costs or not),
-specdec_dflash.proposer.NODE_ORDER (lookup_first,draft_first: which nodes a cut tree keeps first). GSM8K first
-turns; a warm-up each, then rounds in a rotating order; prints each pass and the median tokens/s with mean
-acceptance (docs/benchmarks.md). Before stop 27 this script was scripts/attention_ab.py, with GROUPED_ATTENTION
-only.
+specdec_dflash.proposer.NODE_ORDER (lookup_first,draft_first: which nodes a cut tree keeps first),
+specdec.budget.ONE_ROW (true,false: one row alone takes the budget or verifies its whole draft; with --batch 1).
+GSM8K first turns; a warm-up each (64 tokens a row: past the budget's warm-up steps, so its probe is not timed),
+then rounds in a rotating order; prints each pass and the median tokens/s with mean acceptance (docs/benchmarks.md).
+Before stop 27 this script was scripts/attention_ab.py, with GROUPED_ATTENTION only.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--data", default="../shared/datasets/gsm8k.jsonl")
+    parser.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"],
+                        help="the target's dtype (auto: bfloat16 where the CPU has bf16 matrix units, else float32)")
     parser.add_argument("--switch", default="specdec.native.GROUPED_ATTENTION", help="module.NAME")
     parser.add_argument("--values", default="grouped,fused")
     parser.add_argument("--proposers", default="autoregressive,dflash")
@@ -48,7 +51,8 @@ def main() -> None:
     values = {value: {"true": True, "false": False}.get(value, value) for value in args.values.split(",")}
     with open(args.data) as lines:
         prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
-    model, tokenizer = loading.load_model(None, torch.bfloat16, torch.device("cpu"))
+    device = torch.device("cpu")
+    model, tokenizer = loading.load_model(None, loading.resolve_dtype(args.dtype, device), device)
     target = TargetModel(model, tokenizer, cache="native")
     runners = {f"{proposer}-{attention}": (proposer, attention)
                for proposer in args.proposers.split(",") for attention in values}
@@ -70,7 +74,7 @@ def main() -> None:
         return total / seconds, total / sum(len(o.stats.acceptance_lengths) for o in outs)
 
     for name in runners:
-        run(name, ids[: args.batch], 16)
+        run(name, ids[: args.batch], 64)
     passes: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
     order = list(runners)
     for r in range(args.rounds):

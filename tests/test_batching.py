@@ -244,7 +244,7 @@ def test_one_draft_forward_for_every_row_drafts_as_each_row_alone(draft_dir, dfl
     drafted_together, seen[:] = list(seen), []
     if name == "draft":
         assert max(widths) == 3  # the rows drafted in forwards over all three
-    alone = [decoder.generate_ids(p, max_new_tokens=20) for p in prompts]
+    alone = [decoder.generate_ids(p, max_new_tokens=20, draft_budget=64) for p in prompts]
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert [o.stats.acceptance_lengths for o in together] == [o.stats.acceptance_lengths for o in alone]
     assert sorted(drafted_together) == sorted(seen) and len(seen) > len(prompts)

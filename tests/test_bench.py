@@ -190,6 +190,23 @@ def test_interrupt_writes_finished_prompts(folders, tmp_path, monkeypatch):
     assert "hf-pld" not in bench.render_markdown(results)
 
 
+def test_bench_pins_the_draft_budget_for_every_specdec_runner(folders, tmp_path):
+    """--draft-budget N reaches every specdec runner, per prompt and in batches: 0 is plain decoding for all."""
+    for extra in ([], ["--batch-size", "2"]):
+        out = tmp_path / f"pinned{len(extra)}"
+        args = ["bench", "--dataset", "tiny", "--data-dir", folders["data"], "--model", folders["target"],
+                "--proposers", "ngram,draft", "--draft", folders["draft"], "--baselines", "none",
+                "--max-new-tokens", "8", "--dtype", "float32", "--draft-budget", "0", "--out", str(out),
+                "--no-progress", *extra]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output + result.stderr
+        results = json.loads((out / "results.json").read_text())
+        assert results["meta"]["draft_budget"] == 0
+        runners = results["batched"]["2"] if extra else results["proposers"]
+        assert {name: r["mean_acceptance_length"] for name, r in runners.items()} == dict.fromkeys(runners, 1.0)
+        assert "Draft budget: pinned at 0 draft tokens" in (out / "results.md").read_text()
+
+
 def test_bench_bad_input(folders, tmp_path, no_loading):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(RECORDS[0]) + "\n" + json.dumps(RECORDS[1]) + "\n{not json\n")
@@ -218,6 +235,8 @@ def test_bench_bad_input(folders, tmp_path, no_loading):
         (["-d", "tiny", "--batch-size", "4", "--baselines", "hf-pld"], ["no batched form", "hf-greedy"]),
         (["-d", "tiny", "--rounds", "3"], ["--rounds", "--batch-size"]),
         (["-d", "tiny", "--batch-size", "4", "--rounds", "0"], ["--rounds"]),
+        (["-d", "tiny", "--draft-budget", "-1"], ["--draft-budget"]),
+        (["-d", "tiny", "--draft-budget", "lots"], ["--draft-budget must be auto or a whole number"]),
     ]
     for args, needles in cases:
         result = CliRunner().invoke(main, base + args)

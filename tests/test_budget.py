@@ -9,6 +9,7 @@ from conftest import plain_greedy, tiny_model
 
 from specdec import Draft, SpeculativeDecoder, tree
 from specdec.budget import DraftBudget, trim
+from specdec.target import TargetModel
 
 
 def test_acceptance_by_draft_length_counts_what_a_shorter_draft_would_have_kept():
@@ -84,7 +85,7 @@ def test_cheap_wide_forwards_verify_long_drafts_and_dear_ones_none():
     assert _measured(flat, 6).choose(8, 8) == [6] * 8  # the 6 that are accepted, not the 2 that never are
     assert _measured(steep, 6).choose(8, 8) == [0] * 8
     assert _measured(flat, 0).choose(8, 8) == [0] * 8  # nothing is ever accepted: no drafting
-    assert _measured(flat, 6).choose(1, 8) == [None]  # one row verifies its whole draft
+    assert _measured(flat, 6).choose(1, 8) == [None]  # one row alone is its own bucket, not probed yet: whole draft
 
 
 def test_a_moment_of_slowness_during_the_probe_does_not_set_one_widths_cost(monkeypatch):
@@ -161,7 +162,8 @@ def test_drafting_time_is_kept_per_batch_bucket_and_measured_afresh():
     one's; a bucket that stopped drafting drafts again after a while, so a stale time cannot keep it off."""
     flat = [(1, 0.030), (2, 0.030), (3, 0.031), (5, 0.032), (9, 0.034), (17, 0.060)]
     budget = _measured(flat, 6)
-    budget.record_step_time(1, True, 0.5)  # one row alone drafting slowly: bucket 2
+    budget.record_step_time(1, True, 0.5)  # one row alone drafting slowly: its own bucket, not bucket 8's
+    budget.record_step_time(2, True, 2 * 0.5)  # nor does a batch of 2
     assert budget.choose(8, 8) == [6] * 8
     budget.costs[4] = flat
     assert budget.choose(4, 8) == [None] * 4  # bucket 4 has not drafted yet: it drafts in full once
@@ -193,5 +195,93 @@ def test_a_pinned_budget_of_zero_is_plain_decoding_and_one_row_keeps_its_draft()
     outs = decoder.generate_ids(prompts, max_new_tokens=12, batch_size=2, draft_budget=0)
     assert [o.token_ids for o in outs] == [plain_greedy(model, p, 12) for p in prompts]
     assert all(set(o.stats.acceptance_lengths) == {1} for o in outs)
-    alone = decoder.generate_ids(prompts[0], max_new_tokens=12)  # adaptive: one row verifies all it drafts
+    alone = decoder.generate_ids(prompts[0], max_new_tokens=12)  # adaptive, and too short to leave its warm-up
     assert max(alone.stats.acceptance_lengths) > 1
+
+
+def test_one_row_alone_takes_the_budget_from_its_own_probe(monkeypatch):
+    """A lone row is a batch of one: where a forward's cost grows steeply with its width (a CPU without bf16
+    matrix units verifying in bf16), it verifies only the draft tokens that pay, and none when none do; where
+    the cost is flat it verifies what is accepted. ONE_ROW off: its whole draft, as before stop 34."""
+    import specdec.budget as budget_module
+
+    flat = [(1, 0.030), (2, 0.030), (3, 0.031), (5, 0.032), (9, 0.034), (17, 0.060), (33, 0.120)]
+    steep = [(1, 0.030), (2, 0.090), (3, 0.150), (5, 0.270), (9, 0.510), (17, 0.990), (33, 1.950)]
+    bent = [(1, 0.033), (2, 0.045), (3, 0.056), (5, 0.066), (9, 0.088), (17, 0.128), (33, 0.211)]
+    # a draft never accepted, at a drafting time like a DFlash draft's (5 ms): not worth its optimism margin
+    for costs, accepted, drafting, chosen in ((flat, 6, 0.001, [6]), (steep, 6, 0.001, [0]), (flat, 0, 0.005, [0])):
+        budget = _measured(flat, accepted)
+        budget.costs[1], budget.draft_seconds[1], budget.plain_seconds[1] = costs, drafting, 0.0005
+        assert budget.choose(1, 8) == chosen
+    budget = DraftBudget()  # a 16-token tree whose node k is accepted with probability 0.9 ** (k + 1)
+    for _ in range(400):
+        budget.record(16, [k for k in range(16) if (_ * 7919 % 1000) / 1000 < 0.9 ** (k + 1)], whole=True)
+    budget.costs[1], budget.draft_seconds[1], budget.plain_seconds[1] = bent, 0.006, 0.0005
+    cut = budget.choose(1, 16)[0]
+    assert 1 <= cut < 16  # the tree's tail costs more than it brings on this cost curve
+    rate = [budget.expected(m) / (budget.forward_seconds(1, 1 + m) + 0.006) for m in (cut, 16)]
+    assert rate[0] > rate[1]
+    monkeypatch.setattr(budget_module, "ONE_ROW", False)
+    assert budget.choose(1, 16) == [None]
+
+
+def test_a_bucket_is_probed_only_once_the_budget_would_read_it(monkeypatch):
+    """Not during the warm-up steps (a short generation never pays a probe), not for a proposer that has never
+    drafted (plain decoding), and for one row alone in fewer rounds over widths up to 33."""
+    import specdec.budget as budget_module
+
+    budget = DraftBudget()
+    for _ in range(budget_module._WARMUP_STEPS):
+        assert not budget.needs_probe(1) and not budget.needs_probe(4)
+        budget.record(0, [])  # plain decoding: nothing drafted
+    assert not budget.needs_probe(1) and not budget.needs_probe(4)
+    budget.record(4, [0, 1])
+    assert budget.needs_probe(1) and budget.needs_probe(4)
+    monkeypatch.setattr(budget_module, "ONE_ROW", False)
+    assert not budget.needs_probe(1) and budget.needs_probe(4)
+
+    class Target:
+        widths: list[int] = []
+
+        def forward(self, feed):
+            self.widths.append(feed.shape[1])
+
+        def crop(self, lengths):
+            pass
+
+    target = Target()
+    budget.probe(target, 1, torch.zeros(1, 1, dtype=torch.long), [5])
+    assert target.widths == list(budget_module._ONE_ROW_WIDTHS) * budget_module._ONE_ROW_PROBE_ROUNDS
+    assert [w for w, _ in budget.costs[1]] == list(budget_module._ONE_ROW_WIDTHS)
+    assert not budget.needs_probe(1)
+
+
+def test_a_lone_row_whose_drafts_never_pay_falls_to_plain_decoding_and_stays_exact(monkeypatch):
+    """Through the engine: a lone row drafting random tokens on a target whose forward cost rises steeply with
+    its width stops asking its proposer once the budget has measured that, and its output is still plain
+    greedy decoding's; with the budget pinned it keeps drafting."""
+    from helpers import RandomProposer
+
+    import specdec.budget as budget_module
+
+    steep = [(w, 0.030 * w) for w in budget_module._ONE_ROW_WIDTHS]
+
+    def probe(self, target, rows, feed_row, lengths):
+        self.costs[budget_module.bucket(rows)] = steep
+
+    monkeypatch.setattr(budget_module.DraftBudget, "probe", probe)
+    monkeypatch.setattr(budget_module, "OBSERVED_COSTS", False)  # the tiny model's real forwards are flat
+    model = tiny_model("llama", seed=1)
+    prompt = [5, 6, 7, 8, 9]
+    calls = []
+    target = TargetModel(model)
+    proposer = RandomProposer(RandomProposer.Config(num_tokens=6, seed=3), target)
+    decoder = SpeculativeDecoder(target, proposer)
+    original = proposer.propose
+    monkeypatch.setattr(proposer, "propose", lambda state: calls.append(1) or original(state))
+    out = decoder.generate_ids(prompt, max_new_tokens=60)
+    assert out.token_ids == plain_greedy(model, prompt, 60)
+    assert budget_module._WARMUP_STEPS <= len(calls) < 20  # after the warm-up it drafts only to re-measure
+    calls.clear()
+    pinned = decoder.generate_ids(prompt, max_new_tokens=60, draft_budget=6)
+    assert pinned.token_ids == out.token_ids and len(calls) >= 50

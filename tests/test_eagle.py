@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from specdec import SpecdecError, SpeculativeDecoder, TargetModel, tree
 from specdec.cli import main
 from specdec.contracts import DecodeState, Verdict, Verifier
+from specdec.limits import MAX_VERIFY_TOKENS
 from specdec.sampling import SamplingParams
 from specdec_eagle.checkpoint import load_draft, save_draft
 from specdec_eagle.model import Eagle3Cache, Eagle3Config, Eagle3DraftModel
@@ -170,7 +171,7 @@ def test_the_draft_cache_holds_exactly_the_committed_context(eagle_dirs, options
     proposer.propose = propose_and_check
     accepted = []
     for prompt in ([5], [7, 8, 9, 10, 7, 8, 9], list(range(20, 40))):
-        out = decoder.generate_ids(prompt, max_new_tokens=30)
+        out = decoder.generate_ids(prompt, max_new_tokens=30, draft_budget=MAX_VERIFY_TOKENS)  # asked every step
         assert len(out.token_ids) == 30
         accepted += out.stats.acceptance_lengths
     # draft tokens were accepted, several at once where the draft is longer than one

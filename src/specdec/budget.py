@@ -26,9 +26,14 @@ m: averaging each cut over the steps that reached it (the rule before stop 28) d
 E(m + 1), and read longer cuts low, which kept the budget at the cut it had. At m = 0
 the proposer is not asked at all: at large batches this is plain batched decoding. A bucket whose drafting time
 is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0 once, so that a drafting
-time measured once under noise (or in another bucket) cannot keep drafting off. One row alone verifies what its
-proposer drafts, as before batching existed. vLLM and SGLang turn speculation off under load for the same reason;
-here one rule covers every batch size and every proposer.
+time measured once under noise (or in another bucket) cannot keep drafting off. One row alone is a batch too (its
+own bucket, ONE_ROW): where a forward's cost grows with its width (a CPU without bf16 matrix units verifying in
+bf16 paid 33 ms for one token and 128 ms for 16), verifying a 16-token tree plus prompt-lookup continuations made
+speculation slower than plain decoding, and the budget cuts the draft to what pays; where the cost is flat it
+keeps nearly all of it. A bucket is probed only once the budget would read it (after the warm-up steps, and one
+row alone in fewer rounds), so a short generation, or plain decoding, never pays a probe (`needs_probe`). vLLM and
+SGLang turn speculation off under load for the same reason; here one rule covers every batch size and every
+proposer.
 """
 
 from __future__ import annotations
@@ -41,12 +46,18 @@ import torch
 
 from .contracts import Draft
 
-#: batch sizes are probed in these buckets (a batch of 5 to 8 rows uses the probe at 8)
-_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)
+#: batch sizes are probed in these buckets (a batch of 5 to 8 rows uses the probe at 8; one row alone, its own)
+_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: forward widths (1 + draft tokens per row) probed per bucket; wider ones are extrapolated linearly
 _WIDTHS = (1, 2, 3, 5, 9, 17)
+#: one row alone also probes a 33-token forward: its drafts reach past 17 tokens (a 16-token tree plus prompt-lookup
+#: continuations), where extrapolating from 9 and 17 read the cost low on a CPU whose cost curve bends there
+_ONE_ROW_WIDTHS = (*_WIDTHS, 33)
 #: tries of each width in a probe (the least counts), the widths taking turns
 _PROBE_ROUNDS = 4
+#: one row alone probes in fewer rounds: its probe is paid inside one generation, often a short one (two rounds of
+#: seven widths cost ~0.6 s on this project's CPU), and its own real forwards correct the widths it then verifies
+_ONE_ROW_PROBE_ROUNDS = 2
 #: rows' steps seen before the estimates are trusted
 _WARMUP_STEPS = 8
 #: the upper-confidence margin on E(m) after n steps is min(1, _EXPLORATION / sqrt(1 + n)) tokens
@@ -62,6 +73,9 @@ _OBSERVED_MIN = 3
 OBSERVED_COSTS = True
 #: whether a whole draft counts for longer cuts (`record`; a switch for measuring what that changes)
 WHOLE_DRAFTS = True
+#: whether one row alone takes the budget too (False: it verifies its proposer's whole draft, as before stop 34; a
+#: switch for measuring what that changes)
+ONE_ROW = True
 
 
 def _moving(average: float | None, value: float) -> float:
@@ -126,11 +140,11 @@ class DraftBudget:
         self.plain_streak[b] = 0 if drafted else self.plain_streak.get(b, 0) + 1
 
     def record_forward(self, rows: int, width: int, seconds: float) -> None:
-        """A step's target forward: `rows` rows of `width` tokens took `seconds`. Corrects the probed costs. One
-        row alone is no sample of any bucket (it verifies its whole draft, and its forward is not twice as
-        cheap as one of two rows: scaling it to the bucket of 2 would make that bucket look dear)."""
+        """A step's target forward: `rows` rows of `width` tokens took `seconds`. Corrects the probed costs of
+        the rows' bucket (one row alone is a bucket of its own: its forward is not twice as cheap as one of two
+        rows, so scaling it to the bucket of 2 would make that bucket look dear)."""
         b = bucket(rows)
-        if not OBSERVED_COSTS or rows < 2 or b not in self.costs:
+        if not OBSERVED_COSTS or b not in self.costs:
             return
         widths = self.observed.setdefault(rows, {})
         count, average = widths.get(width, (0, None))
@@ -163,9 +177,10 @@ class DraftBudget:
         (another process, the OS) inflates one try of several widths, not every try of one: the probe is
         taken once per bucket and sets the draft length for every later step (a width timed 20% dear in
         one probe on this project's CPU kept a batch of 4 at 4 draft tokens per row where others chose 8)."""
-        best = dict.fromkeys(_WIDTHS, float("inf"))
-        feeds = {width: feed_row.expand(-1, width).contiguous() for width in _WIDTHS}
-        for _ in range(_PROBE_ROUNDS):
+        alone = rows == 1
+        best = dict.fromkeys(_ONE_ROW_WIDTHS if alone else _WIDTHS, float("inf"))
+        feeds = {width: feed_row.expand(-1, width).contiguous() for width in best}
+        for _ in range(_ONE_ROW_PROBE_ROUNDS if alone else _PROBE_ROUNDS):
             for width, feed in feeds.items():
                 start = time.perf_counter()
                 target.forward(feed)  # type: ignore[attr-defined]
@@ -195,14 +210,19 @@ class DraftBudget:
 
     # -- choosing ------------------------------------------------------------------------------------------
     def needs_probe(self, rows: int) -> bool:
-        return rows > 1 and bucket(rows) not in self.costs
+        """Whether the forward's cost must be probed before this step's choice: only once `choose` would read
+        the probe (past the warm-up steps, some draft token verified, one row alone only with ONE_ROW), so that
+        a short generation, or a proposer that never drafts (plain decoding), never pays it."""
+        if bucket(rows) in self.costs or self.steps < _WARMUP_STEPS or len(self.drafted) < 2:
+            return False
+        return rows > 1 or ONE_ROW
 
     def choose(self, rows: int, most: int) -> list[int | None]:
         """Draft tokens for each of `rows` rows whose drafts may hold up to `most` tokens; None: the row verifies
-        its whole draft (one row alone, or too few steps measured yet)."""
-        if rows <= 1 or self.steps < _WARMUP_STEPS:
-            return [None] * rows
+        its whole draft (too few steps measured yet, or one row alone with ONE_ROW off)."""
         b = bucket(rows)
+        if (rows == 1 and not ONE_ROW) or self.steps < _WARMUP_STEPS or b not in self.costs:
+            return [None] * rows
         if b not in self.draft_seconds:
             return [None] * rows  # this bucket's drafting time is not measured yet: draft in full once
         refresh = self.plain_streak.get(b, 0) >= _REFRESH_STEPS

@@ -147,13 +147,15 @@ def run_prompt(generate: GenerateFn, tokenizer: Any, prompt: Prompt) -> list[Tur
 
 
 def decoder_generate_fn(decoder: Any, max_new_tokens: int, temperature: float = 0.0,
-                        seed: int | None = None) -> GenerateFn:
-    """A GenerateFn over a SpeculativeDecoder (timed with perf_counter around the whole call)."""
+                        seed: int | None = None, draft_budget: int | None = None) -> GenerateFn:
+    """A GenerateFn over a SpeculativeDecoder (timed with perf_counter around the whole call); `draft_budget`
+    as `SpeculativeDecoder.generate_ids` takes it (None: adaptive)."""
 
     def generate(prompt_ids: list[int]) -> TurnResult:
         ids = torch.tensor([prompt_ids], dtype=torch.long)
         start = time.perf_counter()
-        out = decoder.generate_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        out = decoder.generate_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                   draft_budget=draft_budget)
         seconds = time.perf_counter() - start
         return TurnResult(prompt_ids=list(prompt_ids), token_ids=list(out.token_ids), seconds=seconds,
                           stats=out.stats)

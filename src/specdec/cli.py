@@ -175,8 +175,8 @@ def main(debug: bool) -> None:
 @click.option("--batch-size", "-b", default=None, type=int, help="With --prompts: rows decoded together (others "
               "join as rows finish). Default: 16 where the target's cache keeps rows of different lengths, else 1.")
 @click.option("--draft-budget", default="auto", show_default=True, metavar="auto|N", help="Draft tokens a row "
-              "verifies per step: auto (chosen per step of a batch from measured costs and acceptance; one row "
-              "verifies all it drafts) or N (0 = plain decoding).")
+              "verifies per step: auto (chosen per step, at every batch size, from this machine's measured "
+              "forward costs and the acceptance seen) or N (its first N; 0 = plain decoding).")
 @click.option("--proposer", "-p", default=None, help="Proposer name (see `specdec plugins`); default: the best "
               "one that needs no options (dflash with the shipped draft on the embedded model, else ngram).")
 @click.option("--model", "-m", default=None, help="Target: a local transformers folder, a .gguf file or a hub id. "

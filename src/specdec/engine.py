@@ -96,8 +96,9 @@ class Engine:
         seeded with `seeds[i]`, so a prompt's output does not depend on the prompts beside it.
 
         `draft_budget`: the most draft tokens a row verifies per step (its draft's first ones; 0 = plain
-        decoding); None: chosen at each step of several rows from the measured forward costs and acceptance
-        (specdec.budget), while one row alone verifies all its proposer drafts.
+        decoding); None: chosen at each step from the measured forward costs and acceptance (specdec.budget), for
+        one row alone as for several, except a lone row that samples (it verifies its whole draft, so that its
+        seed reproduces its output).
 
         Every prompt is checked before any work (an invalid one is named by its index), and the call holds the
         target's lock (one per model object) from its first prefill to its last step: the KV cache, the
@@ -261,6 +262,10 @@ class Engine:
         """Draft tokens each row may verify at this step (None: all it drafts); see specdec.budget."""
         if self.draft_budget is not None:
             return [self.draft_budget] * len(rows)
+        if len(rows) == 1 and not rows[0].sampling.greedy:
+            # a lone sampling row verifies its whole draft, so that its seed reproduces its output: a cut chosen
+            # from timed forwards would make the sample depend on the machine's load (greedy output does not)
+            return [None]
         if self.budget.needs_probe(len(rows)):
             last = torch.stack([row.buffer[0, row.length - 1] for row in rows]).unsqueeze(1)  # [B, 1]
             self.budget.probe(self.target, len(rows), last, self.target.cache_lengths)

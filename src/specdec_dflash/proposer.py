@@ -46,8 +46,8 @@ LOOKUP_TOKENS = 10
 
 #: which nodes come first in a tree draft, and so which a batch's draft budget keeps when it cuts the tree to
 #: its first m nodes (specdec.budget.trim): "lookup_first" (the prompt-lookup continuations' nodes, then the
-#: draft's by estimate) or "draft_first" (the draft's nodes by estimate, then the continuations'). One row alone
-#: verifies the whole tree either way, and the order of nodes changes nothing in its verdict.
+#: draft's by estimate) or "draft_first" (the draft's nodes by estimate, then the continuations'). A tree the
+#: budget does not cut is verified whole either way, and the order of its nodes changes nothing in its verdict.
 NODE_ORDER = "lookup_first"
 
 

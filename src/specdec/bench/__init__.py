@@ -14,7 +14,8 @@ results.json (schema_version 1; keys are only ever added):
     {"schema_version": 1,
      "meta": {"command", "dataset": {"name", "path", "num_prompts", "num_turns"}, "limit", "max_new_tokens",
               "temperature", "seed", "dtype", "device", "model", "draft", "draft_model", "epsilon",
-              "proposer_options", "caches", "baselines", "versions": {"python", "torch", "transformers", "specdec"},
+              "proposer_options", "caches", "baselines", "draft_budget" (null: adaptive),
+              "versions": {"python", "torch", "transformers", "specdec"},
               "platform", "accelerator", "torch_threads", "timestamp", "wall_seconds", "interrupted",
               "peak_rss_mb"},
      "proposers": {NAME: {

@@ -98,7 +98,8 @@ def run_batched(plan: BenchPlan, model: Any, tokenizer: Any, runners: list[Any],
         start = time.perf_counter()
         if runner is not None and runner.kind == "specdec":
             outs = runner.decoder.generate_ids([torch.tensor(p) for p in prompts], max_new_tokens=max_new,
-                                               temperature=plan.temperature, seed=plan.seed, batch_size=batch)
+                                               temperature=plan.temperature, seed=plan.seed, batch_size=batch,
+                                               draft_budget=plan.draft_budget)
             outs = outs if isinstance(outs, list) else [outs]
             tokens, steps = [o.token_ids for o in outs], [n for o in outs for n in o.stats.acceptance_lengths]
         else:

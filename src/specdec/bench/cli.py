@@ -62,13 +62,17 @@ def _quiet_transformers() -> None:
               "the hf-greedy baseline): throughput and speedup by batch size, table and plots.")
 @click.option("--rounds", default=1, show_default=True, type=int, help="With --batch-size: passes of every "
               "runner at each batch size, in rotating order; tokens/s is the median pass, ratios are of medians.")
+@click.option("--draft-budget", default="auto", show_default=True, metavar="auto|N", help="Draft tokens a row "
+              "verifies per step, for every specdec runner: auto (adaptive, from this machine's measured forward "
+              "costs, at batch 1 too) or N (its first N; a large N verifies every draft whole, which measures the "
+              "drafts' own acceptance whatever the machine).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @user_errors
 def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None, max_new_tokens: int,
           temperature: float, seed: int, dtype: str, device: str | None, model: str | None, draft: str | None,
           draft_model: str | None, opts: tuple[str, ...], caches: tuple[str, ...], data_dir: str | None,
           out: str | None, overwrite: bool, verifier: str | None, epsilon: float, batch_sizes: str | None,
-          rounds: int, no_progress: bool) -> None:
+          rounds: int, draft_budget: str, no_progress: bool) -> None:
     """Benchmark proposers (and transformers baselines) on a dataset: acceptance, speed, exact match.
 
     Writes results.json, results.md and PNG plots to --out, each atomically. Ctrl-C writes what has finished.
@@ -84,7 +88,8 @@ def bench(dataset: str, proposers: str | None, baselines: str, limit: int | None
                       temperature=temperature, seed=seed, dtype=dtype, device=device, model=model,
                       draft=draft, draft_model=draft_model, data_dir=data_dir, out=out, options=opts,
                       epsilon=epsilon, command=shlex.join(["specdec", *sys.argv[1:]]), caches=caches,
-                      verifier=verifier, overwrite=overwrite, batch_sizes=batch_sizes, rounds=rounds)
+                      verifier=verifier, overwrite=overwrite, batch_sizes=batch_sizes, rounds=rounds,
+                      draft_budget=draft_budget)
     claim_output_dir(plan.out, "bench", overwrite=overwrite, option="--out")  # before any model loads
     _quiet_transformers()
     click.echo(f"bench: {len(plan.prompts)} prompts from {plan.dataset_path}; runners: "

@@ -13,7 +13,9 @@ from .plan import BenchPlan
 from .runners import RunnerRecord, build_runners
 from .summary import summarize
 
-WARMUP_TOKENS = 32
+#: tokens of each runner's warm-up: enough steps to pass the draft budget's warm-up (specdec.budget), so that its
+#: one-off probe of the forward's cost falls in the warm-up and not in the first timed prompt
+WARMUP_TOKENS = 64
 
 
 def _rss() -> int:

@@ -197,6 +197,7 @@ class BenchPlan:
     verifier: str | None = None  # every specdec runner's verifier; None: greedy, or rejection when sampling
     batch_sizes: list[int] = field(default_factory=list)  # --batch-size: the batched comparison instead
     rounds: int = 1  # --rounds: batched passes per runner and batch size (medians reported)
+    draft_budget: int | None = None  # --draft-budget: every specdec runner's draft tokens per row (None: adaptive)
 
     @property
     def runner_names(self) -> list[str]:
@@ -210,11 +211,18 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
                out: str | os.PathLike | None = None, options: Iterable[str] = (),
                epsilon: float = DEFAULT_EPSILON, command: str = "", caches: Iterable[str] = (),
                verifier: str | None = None, overwrite: bool = False, batch_sizes: str | None = None,
-               rounds: int = 1) -> BenchPlan:
+               rounds: int = 1, draft_budget: str = "auto") -> BenchPlan:
     """Validate every argument (before any model loads); SpecdecError with one sentence on bad input.
     Nothing is written: the bench command claims the output folder (`specdec.files.claim_output_dir`)
     once the plan is made."""
-    from ..cli_support import check_count, check_device, check_positive, check_seed, check_temperature
+    from ..cli_support import (
+        check_count,
+        check_device,
+        check_positive,
+        check_seed,
+        check_temperature,
+        parse_draft_budget,
+    )
     from ..loading import DTYPES, check_model
 
     if limit is not None and limit < 1:
@@ -242,6 +250,7 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
     runner_baselines = parse_baselines(baselines, draft_model)
     sizes = parse_batch_sizes(batch_sizes, runner_baselines)
     check_count("--rounds", rounds, maximum=20)
+    budget = parse_draft_budget(draft_budget)
     if rounds > 1 and not sizes:
         raise SpecdecError("--rounds repeats the batched comparison; give --batch-size too (the per-prompt "
                            "comparison already interleaves runners prompt by prompt).")
@@ -257,4 +266,4 @@ def plan_bench(dataset: str, proposers: str | None, baselines: str | None = HF_G
                      baselines=runner_baselines, limit=limit, max_new_tokens=max_new_tokens,
                      temperature=temperature, seed=seed, dtype=dtype, device=device, model=model, draft=draft,
                      draft_model=draft_model, epsilon=epsilon, out=out, command=command, caches=runner_caches,
-                     verifier=verifier, batch_sizes=sizes, rounds=rounds)
+                     verifier=verifier, batch_sizes=sizes, rounds=rounds, draft_budget=budget)

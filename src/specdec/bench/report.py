@@ -30,6 +30,9 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         + ("; **interrupted: partial results**" if meta["interrupted"] else ""),
         "",
     ]
+    if meta.get("draft_budget") is not None:  # --draft-budget N (results before it existed lack the key: adaptive)
+        lines += [f"Draft budget: pinned at {meta['draft_budget']} draft tokens per row per step (`--draft-budget`)",
+                  ""]
     if meta.get("caches"):  # which forward each specdec runner used (native: specdec's own, dynamic: transformers')
         lines += ["KV cache: " + ", ".join(f"{name} {cache}" for name, cache in meta["caches"].items()), ""]
     if results.get("batched"):  # `--batch-size`: first turns, every runner at each batch size

@@ -24,8 +24,8 @@ class SpecdecRunner:
 
     kind = "specdec"
 
-    def __init__(self, name: str, decoder: Any) -> None:
-        self.name, self.decoder = name, decoder
+    def __init__(self, name: str, decoder: Any, draft_budget: int | None = None) -> None:
+        self.name, self.decoder, self.draft_budget = name, decoder, draft_budget
         self.device = decoder.target.device
 
     @property
@@ -35,7 +35,7 @@ class SpecdecRunner:
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
                  seed: int | None) -> TurnResult:
         _sync(self.device)
-        return decoder_generate_fn(self.decoder, max_new_tokens, temperature, seed)(prompt_ids)
+        return decoder_generate_fn(self.decoder, max_new_tokens, temperature, seed, self.draft_budget)(prompt_ids)
 
 
 class HFRunner:
@@ -92,7 +92,8 @@ def build_runners(plan: BenchPlan, model: Any, tokenizer: Any) -> list[Any]:
     for name, config in plan.proposers.items():
         target = TargetModel(model, tokenizer, cache=resolve_cache(plan.caches.get(name, "auto")))
         proposer = get_proposer_class(proposer_of(name))(config, target)
-        runners.append(SpecdecRunner(name, SpeculativeDecoder(target, proposer, verifier=plan.verifier)))
+        decoder = SpeculativeDecoder(target, proposer, verifier=plan.verifier)
+        runners.append(SpecdecRunner(name, decoder, plan.draft_budget))
     if plan.baselines:
         eos = TargetModel(model, tokenizer).eos_token_ids
         pad = getattr(tokenizer, "pad_token_id", None)

@@ -144,6 +144,7 @@ def summarize(plan: BenchPlan, model: Any, records: Mapping[str, RunnerRecord], 
     meta = {
         "command": plan.command,
         "verifier": plan.verifier,
+        "draft_budget": plan.draft_budget,
         "dataset": {"name": plan.dataset, "path": str(plan.dataset_path), "num_prompts": done,
                     "num_turns": sum(len(p.turns) or 1 for p in prompts[:done])},
         "limit": plan.limit, "max_new_tokens": plan.max_new_tokens, "temperature": plan.temperature,

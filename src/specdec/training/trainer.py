@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..errors import SpecdecError
+from ..limits import MAX_VERIFY_TOKENS
 from .checkpoint import load_checkpoint, load_state_tensors, prepare_run_dir, save_checkpoint
 from .data import DataDir
 from .interrupts import Interrupted, InterruptGuard, folder_lock
@@ -136,7 +137,9 @@ def evaluate_acceptance(objective: TrainingObjective, proposer_name: str, prompt
             decoder = SpeculativeDecoder(target, get_proposer_class(proposer_name)(config, target))
             accepted, steps = 0, 0
             for prompt in prompts:
-                out = decoder.generate_ids(prompt.unsqueeze(0), max_new_tokens=max_new_tokens)
+                # the draft's whole chain each step: its acceptance, not the adaptive budget's cut of it
+                out = decoder.generate_ids(prompt.unsqueeze(0), max_new_tokens=max_new_tokens,
+                                           draft_budget=MAX_VERIFY_TOKENS)
                 accepted += sum(out.stats.acceptance_lengths)
                 steps += len(out.stats.acceptance_lengths)
     finally:
