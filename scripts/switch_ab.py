@@ -10,7 +10,8 @@ passes: specdec.native.GROUPED_ATTENTION (grouped,fused: specdec's grouped atten
 specdec.native.FOLDED_ATTENTION (folded,fused: query heads folded into queries or not),
 specdec.budget.OBSERVED_COSTS (true,false: the steps' real forwards correct the budget's probed costs or not),
 specdec_dflash.proposer.NODE_ORDER (lookup_first,draft_first: which nodes a cut tree keeps first),
-specdec.budget.ONE_ROW (true,false: one row alone takes the budget or verifies its whole draft; with --batch 1).
+specdec.budget.ONE_ROW (true,false: one row alone takes the budget or verifies its whole draft; with --batch 1),
+specdec.budget._EXPLORATION (numbers: the budget's optimism margin in tokens after one step).
 GSM8K first turns; a warm-up each (64 tokens a row: past the budget's warm-up steps, so its probe is not timed),
 then rounds in a rotating order; prints each pass and the median tokens/s with mean acceptance (docs/benchmarks.md).
 Before stop 27 this script was scripts/attention_ab.py, with GROUPED_ATTENTION only.
@@ -32,6 +33,16 @@ from specdec.plugins import get_proposer_class
 from specdec.target import TargetModel
 
 
+def _parse(value: str) -> object:
+    """A --values entry as the switch takes it: true/false, a number (specdec.budget._EXPLORATION), or text."""
+    if value in ("true", "false"):
+        return value == "true"
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=20)
@@ -48,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     module_name, switch = args.switch.rsplit(".", 1)
     module = importlib.import_module(module_name)
-    values = {value: {"true": True, "false": False}.get(value, value) for value in args.values.split(",")}
+    values = {value: _parse(value) for value in args.values.split(",")}
     with open(args.data) as lines:
         prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
     device = torch.device("cpu")

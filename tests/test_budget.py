@@ -166,7 +166,8 @@ def test_drafting_time_is_kept_per_batch_bucket_and_measured_afresh():
     budget.record_step_time(2, True, 2 * 0.5)  # nor does a batch of 2
     assert budget.choose(8, 8) == [6] * 8
     budget.costs[4] = flat
-    assert budget.choose(4, 8) == [None] * 4  # bucket 4 has not drafted yet: it drafts in full once
+    # bucket 4 has not drafted yet: it drafts once at its best length (drafting priced as bucket 8's), not in full
+    assert budget.choose(4, 8) == [6] * 4
     budget.record_step_time(4, True, 4 * 0.2)  # then very dear drafting there
     budget.plain_seconds[4] = 0.0005
     assert budget.choose(4, 8) == [0] * 4
@@ -285,3 +286,41 @@ def test_a_lone_row_whose_drafts_never_pay_falls_to_plain_decoding_and_stays_exa
     calls.clear()
     pinned = decoder.generate_ids(prompt, max_new_tokens=60, draft_budget=6)
     assert pinned.token_ids == out.token_ids and len(calls) >= 50
+
+
+def test_a_probe_skips_the_widths_that_cannot_pay_on_a_steep_cost_curve():
+    """Once a forward costs more than the most a step could commit (on what was measured) times a one-token
+    forward, no wider one can pay: the probe stops timing them (after one try with a wider margin in its first
+    round), so a batch's last rows do not spend seconds per bucket probing; on a flat curve every width is
+    timed in every round. The skipped widths read at least as dear as the widest probed."""
+    import specdec.budget as budget_module
+
+    class Target:
+        def __init__(self, cost):
+            self.cost, self.widths = cost, []
+
+        def forward(self, feed):
+            self.widths.append(feed.shape[1])
+            clock[0] += self.cost(feed.shape[1])
+
+        def crop(self, lengths):
+            pass
+
+    clock = [0.0]
+    budget = DraftBudget()
+    for _ in range(200):
+        budget.record(8, [0])  # one draft token in eight accepted: E(m) <= 2 plus its margin
+    steep = Target(lambda w: 0.030 * w)
+    flat = Target(lambda w: 0.030 + 0.0001 * w)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(budget_module.time, "perf_counter", lambda: clock[0])
+        budget.probe(steep, 4, torch.zeros(4, 1, dtype=torch.long), [5] * 4)
+        budget.probe(flat, 8, torch.zeros(8, 1, dtype=torch.long), [5] * 8)
+        fresh = DraftBudget()  # nothing drafted yet: nothing to judge by, every width
+        fresh.probe(steep, 16, torch.zeros(16, 1, dtype=torch.long), [5] * 16)
+    # ceiling ~2.2 tokens: width 5 costs 5 one-token forwards, past 2 x 2.2 in the first round; 3 past 1.25 x 2.2
+    assert steep.widths[:13] == [1, 2, 3, 5] + [1, 2, 3] * 3  # against 4 x 6 widths, the widest 17 tokens
+    assert [w for w, _ in budget.costs[4]] == [1, 2, 3, 5]
+    assert budget.forward_seconds(4, 17) >= budget.forward_seconds(4, 5)
+    assert flat.widths == list(budget_module._WIDTHS) * budget_module._PROBE_ROUNDS
+    assert steep.widths[13:] == list(budget_module._WIDTHS) * budget_module._PROBE_ROUNDS  # the fresh budget's

@@ -10,8 +10,8 @@ tokens per second,
 where t(B, w) is the measured time of a forward of B rows of w tokens: probed once per batch size bucket on the
 live batch (then rolled back), and from then on corrected by the forwards the steps themselves run at B rows (a
 width steps ran at least _OBSERVED_MIN times takes the moving average of its real times; any other, its probed
-time scaled by the real times' moving ratio to the probed ones). The probe feeds each row's last token repeated
-at the batch's first step; real steps carry a tree mask per row over contexts that grow, and on this project's
+time scaled by the real times' moving ratio to the probed ones). The probe feeds each row's last token repeated;
+real steps carry a tree mask per row over contexts that grow, and on this project's
 CPU ran ~10% dearer than probed at the widths chosen most (9-10 tokens per row at batch 4), less at others. d is
 the measured time per row of the rest of a step (drafting, verifying, the proposers' bookkeeping), kept per batch
 size bucket (a batched draft forward is shared by the rows) and apart for steps that draft and steps that do not;
@@ -25,13 +25,15 @@ denominator. So E never falls as m grows, and a row cut to m whose draft accepte
 m: averaging each cut over the steps that reached it (the rule before stop 28) dropped exactly those rows from
 E(m + 1), and read longer cuts low, which kept the budget at the cut it had. At m = 0
 the proposer is not asked at all: at large batches this is plain batched decoding. A bucket whose drafting time
-is unknown, or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0 once, so that a drafting
+is unknown (priced with the nearest bucket's drafting time, not drafting in full: a whole draft is up to ~47
+tokens a row), or that has not drafted for _REFRESH_STEPS steps, drafts at its best m > 0 once, so that a drafting
 time measured once under noise (or in another bucket) cannot keep drafting off. One row alone is a batch too (its
 own bucket, ONE_ROW): where a forward's cost grows with its width (a CPU without bf16 matrix units verifying in
 bf16 paid 33 ms for one token and 128 ms for 16), verifying a 16-token tree plus prompt-lookup continuations made
 speculation slower than plain decoding, and the budget cuts the draft to what pays; where the cost is flat it
 keeps nearly all of it. A bucket is probed only once the budget would read it (after the warm-up steps, and one
-row alone in fewer rounds), so a short generation, or plain decoding, never pays a probe (`needs_probe`). vLLM and
+row alone in fewer rounds), so a short generation, or plain decoding, never pays a probe (`needs_probe`), and a
+probe stops timing wider forwards once one costs more than any draft length could pay for (`_ceiling`). vLLM and
 SGLang turn speculation off under load for the same reason; here one rule covers every batch size and every
 proposer.
 """
@@ -55,6 +57,13 @@ _WIDTHS = (1, 2, 3, 5, 9, 17)
 _ONE_ROW_WIDTHS = (*_WIDTHS, 33)
 #: tries of each width in a probe (the least counts), the widths taking turns
 _PROBE_ROUNDS = 4
+#: a probe stops timing wider forwards once one costs this many times the most a step could commit (`_ceiling`)
+#: times a one-token forward: a round after the first already has the least of two tries; the first round, one
+#: try, so a wider margin (a forward seen 20% dear by chance must not rule out the widths past it). On a CPU whose
+#: forward's cost grows steeply with its width (bf16 without bf16 units) this skips most of a probe of many rows,
+#: which took seconds per bucket as a batch's last rows passed through buckets 8, 4, 2 and 1
+_PROBE_CUT_FIRST = 2.0
+_PROBE_CUT = 1.25
 #: one row alone probes in fewer rounds: its probe is paid inside one generation, often a short one (two rounds of
 #: seven widths cost ~0.6 s on this project's CPU), and its own real forwards correct the widths it then verifies
 _ONE_ROW_PROBE_ROUNDS = 2
@@ -178,18 +187,34 @@ class DraftBudget:
         taken once per bucket and sets the draft length for every later step (a width timed 20% dear in
         one probe on this project's CPU kept a batch of 4 at 4 draft tokens per row where others chose 8)."""
         alone = rows == 1
-        best = dict.fromkeys(_ONE_ROW_WIDTHS if alone else _WIDTHS, float("inf"))
-        feeds = {width: feed_row.expand(-1, width).contiguous() for width in best}
-        for _ in range(_ONE_ROW_PROBE_ROUNDS if alone else _PROBE_ROUNDS):
-            for width, feed in feeds.items():
+        widths = list(_ONE_ROW_WIDTHS if alone else _WIDTHS)
+        best = dict.fromkeys(widths, float("inf"))
+        feeds = {width: feed_row.expand(-1, width).contiguous() for width in widths}
+        ceiling = self._ceiling()
+        for round_ in range(_ONE_ROW_PROBE_ROUNDS if alone else _PROBE_ROUNDS):
+            margin = _PROBE_CUT_FIRST if round_ == 0 else _PROBE_CUT
+            for width in list(widths):
                 start = time.perf_counter()
-                target.forward(feed)  # type: ignore[attr-defined]
-                if feed.device.type == "cuda":
-                    torch.cuda.synchronize(feed.device)
+                target.forward(feeds[width])  # type: ignore[attr-defined]
+                if feed_row.device.type == "cuda":
+                    torch.cuda.synchronize(feed_row.device)
                 best[width] = min(best[width], time.perf_counter() - start)
                 target.crop(lengths)  # type: ignore[attr-defined]
+                if width > 1 and best[width] > margin * ceiling * best[widths[0]]:
+                    # no wider forward can pay (see _ceiling): later rounds, or the rest of this one, skip them
+                    widths = widths[: widths.index(width) + 1]
+                    break
         self.costs[bucket(rows)] = [(width, seconds * bucket(rows) / rows)  # scaled to the bucket's rows
-                                    for width, seconds in best.items()]
+                                    for width, seconds in best.items() if seconds < float("inf")]
+
+    def _ceiling(self) -> float:
+        """The most a step of any draft length could commit per row on what has been measured (the upper
+        confidence bound at its largest): a forward costing more than this many one-token forwards cannot pay at
+        any width from there on, its time only growing with the width. Infinite before anything was drafted."""
+        if len(self.drafted) < 2:
+            return float("inf")
+        measured = self.measured()
+        return max(self.optimistic(m, measured) for m in range(len(self.drafted)))
 
     def forward_seconds(self, rows: int, width: int) -> float:
         """The expected time of a forward of `rows` rows of `width` tokens (see the module's docstring)."""
@@ -206,7 +231,7 @@ class DraftBudget:
             if width <= w1:
                 return t0 + (t1 - t0) * (width - w0) / (w1 - w0)
         (w0, t0), (w1, t1) = table[-2], table[-1]
-        return t1 + (t1 - t0) * (width - w1) / (w1 - w0)
+        return t1 + max(t1 - t0, 0.0) * (width - w1) / (w1 - w0)  # never cheaper than the widest probed
 
     # -- choosing ------------------------------------------------------------------------------------------
     def needs_probe(self, rows: int) -> bool:
@@ -223,17 +248,26 @@ class DraftBudget:
         b = bucket(rows)
         if (rows == 1 and not ONE_ROW) or self.steps < _WARMUP_STEPS or b not in self.costs:
             return [None] * rows
-        if b not in self.draft_seconds:
-            return [None] * rows  # this bucket's drafting time is not measured yet: draft in full once
-        refresh = self.plain_streak.get(b, 0) >= _REFRESH_STEPS
+        # a bucket that has not drafted yet drafts once, at its best length on the drafting time per row of the
+        # nearest bucket that has (a whole draft here verified up to ~47 tokens a row: at 8 rows in bf16 on a CPU
+        # without bf16 units, seconds for one step)
+        unmeasured = b not in self.draft_seconds
+        refresh = unmeasured or self.plain_streak.get(b, 0) >= _REFRESH_STEPS
+        drafting = self.draft_seconds.get(b, self._nearest_drafting_seconds(b))
         best, best_rate = 0, 0.0
         measured = self.measured()
         for m in range(1 if refresh else 0, min(most, len(self.drafted) - 1) + 1):
-            rest = self.draft_seconds[b] if m else self.plain_seconds.get(b, 0.0)  # unmeasured plain: try it
+            rest = drafting if m else self.plain_seconds.get(b, 0.0)  # unmeasured plain: try it
             rate = rows * self.optimistic(m, measured) / (self.forward_seconds(rows, 1 + m) + rows * rest)
             if rate > best_rate:
                 best, best_rate = m, rate
         return [best] * rows
+
+    def _nearest_drafting_seconds(self, b: int) -> float:
+        """The drafting time per row of the measured bucket nearest to b (0 when none has drafted yet)."""
+        if not self.draft_seconds:
+            return 0.0
+        return self.draft_seconds[min(self.draft_seconds, key=lambda other: abs(other.bit_length() - b.bit_length()))]
 
     def optimistic(self, m: int, measured: list[tuple[int, float]] | None = None) -> float:
         """E(m) plus a margin that shrinks as draft length m is measured (an upper confidence bound): a length
