@@ -413,6 +413,6 @@ def test_pruning_each_depth_to_what_can_be_verified_changes_no_tree(eagle_dirs):
         propose, seen = decoder.proposer.propose, []
         decoder.proposer.propose = lambda state, propose=propose, seen=seen: seen.append(d := propose(state)) or d
         for prompt in ([5], [7, 8, 9, 10, 7, 8, 9]):
-            decoder.generate_ids(prompt, max_new_tokens=20)
+            decoder.generate_ids(prompt, max_new_tokens=20, draft_budget=MAX_VERIFY_TOKENS)
         drafts[keep_all] = [(d.tokens.tolist(), d.parents) for d in seen]
     assert len(drafts[False]) > 5 and drafts[False] == drafts[True]
