@@ -12,6 +12,21 @@ from specdec.budget import DraftBudget, trim
 from specdec.target import TargetModel
 
 
+class ProbedTarget:
+    """A stand-in target for DraftBudget.probe: records each forward's width and advances the fake `clock` by
+    cost(width, n), n the forward's 1-based index."""
+
+    def __init__(self, cost=lambda width, n: 0.0, clock: list[float] | None = None):
+        self.cost, self.clock, self.widths = cost, clock if clock is not None else [0.0], []
+
+    def forward(self, feed):
+        self.widths.append(feed.shape[1])
+        self.clock[0] += self.cost(feed.shape[1], len(self.widths))
+
+    def crop(self, lengths):
+        pass
+
+
 def test_acceptance_by_draft_length_counts_what_a_shorter_draft_would_have_kept():
     budget = DraftBudget()
     budget.record(4, [0, 1, 2])  # a chain of 4, three accepted
@@ -96,20 +111,11 @@ def test_a_moment_of_slowness_during_the_probe_does_not_set_one_widths_cost(monk
     true_cost = {w: 0.030 + 0.001 * w for w in budget_module._WIDTHS}
     clock = [0.0]
 
-    class Target:
-        forwards = 0
-
-        def forward(self, feed):
-            self.forwards += 1
-            slow = 10 if self.forwards in (3, 4) else 1  # the 3rd and 4th forwards of the probe crawl
-            clock[0] += true_cost[feed.shape[1]] * slow
-
-        def crop(self, lengths):
-            pass
-
+    # the 3rd and 4th forwards of the probe crawl
+    target = ProbedTarget(lambda width, n: true_cost[width] * (10 if n in (3, 4) else 1), clock)
     monkeypatch.setattr(budget_module.time, "perf_counter", lambda: clock[0])
     budget = DraftBudget()
-    budget.probe(Target(), 4, torch.zeros(4, 1, dtype=torch.long), [5] * 4)
+    budget.probe(target, 4, torch.zeros(4, 1, dtype=torch.long), [5] * 4)
     assert [w for w, _ in budget.costs[4]] == list(budget_module._WIDTHS)
     assert [s for _, s in budget.costs[4]] == pytest.approx([true_cost[w] for w in budget_module._WIDTHS])
 
@@ -241,16 +247,7 @@ def test_a_bucket_is_probed_only_once_the_budget_would_read_it(monkeypatch):
     monkeypatch.setattr(budget_module, "ONE_ROW", False)
     assert not budget.needs_probe(1) and budget.needs_probe(4)
 
-    class Target:
-        widths: list[int] = []
-
-        def forward(self, feed):
-            self.widths.append(feed.shape[1])
-
-        def crop(self, lengths):
-            pass
-
-    target = Target()
+    target = ProbedTarget()
     budget.probe(target, 1, torch.zeros(1, 1, dtype=torch.long), [5])
     assert target.widths == list(budget_module._ONE_ROW_WIDTHS) * budget_module._ONE_ROW_PROBE_ROUNDS
     assert [w for w, _ in budget.costs[1]] == list(budget_module._ONE_ROW_WIDTHS)
@@ -295,23 +292,12 @@ def test_a_probe_skips_the_widths_that_cannot_pay_on_a_steep_cost_curve():
     timed in every round. The skipped widths read at least as dear as the widest probed."""
     import specdec.budget as budget_module
 
-    class Target:
-        def __init__(self, cost):
-            self.cost, self.widths = cost, []
-
-        def forward(self, feed):
-            self.widths.append(feed.shape[1])
-            clock[0] += self.cost(feed.shape[1])
-
-        def crop(self, lengths):
-            pass
-
     clock = [0.0]
     budget = DraftBudget()
     for _ in range(200):
         budget.record(8, [0])  # one draft token in eight accepted: E(m) <= 2 plus its margin
-    steep = Target(lambda w: 0.030 * w)
-    flat = Target(lambda w: 0.030 + 0.0001 * w)
+    steep = ProbedTarget(lambda w, n: 0.030 * w, clock)
+    flat = ProbedTarget(lambda w, n: 0.030 + 0.0001 * w, clock)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(budget_module.time, "perf_counter", lambda: clock[0])
         budget.probe(steep, 4, torch.zeros(4, 1, dtype=torch.long), [5] * 4)
