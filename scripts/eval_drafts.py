@@ -63,7 +63,7 @@ def main() -> None:
 
     from specdec import SpeculativeDecoder
     from specdec.api import build_proposer_config
-    from specdec.limits import MAX_VERIFY_TOKENS
+    from specdec.budget import UNCUT
     from specdec.plugins import get_proposer_class
 
     base = SpeculativeDecoder.from_pretrained(proposer="autoregressive", dtype=args.dtype)
@@ -84,7 +84,7 @@ def main() -> None:
         for ids in prompts:
             # every draft verified whole: the draft's acceptance, not what the adaptive budget makes of it here
             out = decoder.generate_ids(torch.tensor([ids]), max_new_tokens=args.tokens,
-                                       draft_budget=MAX_VERIFY_TOKENS)
+                                       draft_budget=UNCUT)
             lengths = out.stats.acceptance_lengths
             accepted, steps = accepted + sum(lengths), steps + len(lengths)
             per_prompt.append(sum(lengths) / len(lengths))

@@ -17,7 +17,7 @@ if os.environ.get("SPECDEC_KERNEL_TEST_DEVICE", "cpu") == "cpu":
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from specdec.limits import MAX_VERIFY_TOKENS
+from specdec.budget import UNCUT
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
@@ -97,7 +97,7 @@ def drafted_chains(target, proposer: str, folder, prompt=(3, 4, 5, 6), max_new_t
 
     decoder.proposer.propose = recording
     # every step asks the proposer (the adaptive budget's cuts would depend on timings)
-    out = decoder.generate_ids(list(prompt), max_new_tokens=max_new_tokens, draft_budget=MAX_VERIFY_TOKENS).token_ids
+    out = decoder.generate_ids(list(prompt), max_new_tokens=max_new_tokens, draft_budget=UNCUT).token_ids
     assert out == plain_greedy(target, list(prompt), max_new_tokens)
     return seen
 

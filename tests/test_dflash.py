@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from specdec import SpecdecError, SpeculativeDecoder
-from specdec.limits import MAX_VERIFY_TOKENS
+from specdec.budget import UNCUT
 from specdec_dflash.checkpoint import load_draft, save_draft
 from specdec_dflash.model import DFlashConfig, DFlashDraftModel
 from specdec_dflash.vocab import load_vocab, save_vocab
@@ -151,7 +151,7 @@ def test_cached_proposer_matches_full_recompute(tmp_path, target, layers, block,
 
     decoder.proposer.propose = recording
     prompt = [11, 12, 13, 14, 15, 16, 17]
-    out = decoder.generate_ids(prompt, max_new_tokens=25, draft_budget=MAX_VERIFY_TOKENS)
+    out = decoder.generate_ids(prompt, max_new_tokens=25, draft_budget=UNCUT)
     assert out.token_ids == plain_greedy(target, prompt, 25)
     assert len(seen) >= 5
     for committed, drafted in seen:
@@ -441,7 +441,7 @@ def chain_matches_reference(target, folder, cfg, weights):
     decoder = SpeculativeDecoder.from_model(target, proposer="dflash", draft=str(folder), tree_size=0, lookup=0)
     seen = record_drafts(decoder)
     prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
-    out = decoder.generate_ids(prompt, max_new_tokens=20, draft_budget=MAX_VERIFY_TOKENS)
+    out = decoder.generate_ids(prompt, max_new_tokens=20, draft_budget=UNCUT)
     assert out.token_ids == plain_greedy(target, prompt, 20)
     assert len(seen) >= 4
     for committed, drafted, _ in seen:

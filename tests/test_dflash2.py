@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from test_dflash import rms, rope, zlab_value
 
 from specdec import SpecdecError, SpeculativeDecoder
-from specdec.limits import MAX_VERIFY_TOKENS
+from specdec.budget import UNCUT
 from specdec_dflash.checkpoint import load_draft, save_draft
 
 TREE_WIDTH = 5  # a tree node's children: the 5 best-scored candidates (1 + the proposer's TREE_RUNNER_UPS)
@@ -172,7 +172,7 @@ def test_cached_proposer_matches_full_recompute(tmp_path, target, case):
     decoder = SpeculativeDecoder.from_model(target, proposer="dflash2", draft=str(folder), tree_size=0, lookup=0)
     seen = record(decoder)
     prompt = [11, 12, 13, 14, 15, 16, 17, 18]
-    out = decoder.generate_ids(prompt, max_new_tokens=24, draft_budget=MAX_VERIFY_TOKENS)
+    out = decoder.generate_ids(prompt, max_new_tokens=24, draft_budget=UNCUT)
     assert out.token_ids == plain_greedy(target, prompt, 24)
     assert len(seen) >= 5
     for committed, draft in seen:

@@ -9,8 +9,8 @@ import torch
 from click.testing import CliRunner
 
 from specdec import SpeculativeDecoder
+from specdec.budget import UNCUT
 from specdec.cli import main
-from specdec.limits import MAX_VERIFY_TOKENS
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def lossless_acceptance(decoder, float32_target, max_new_tokens: int = 64) -> tu
     machine's forward costs make the adaptive budget keep of it."""
     accepted = steps = 0
     for prompt in PROMPTS:
-        out = decoder.generate(prompt, max_new_tokens=max_new_tokens, draft_budget=MAX_VERIFY_TOKENS)
+        out = decoder.generate(prompt, max_new_tokens=max_new_tokens, draft_budget=UNCUT)
         assert out.token_ids == hf_greedy(float32_target, prompt, max_new_tokens), prompt
         accepted += sum(out.stats.acceptance_lengths)
         steps += len(out.stats.acceptance_lengths)

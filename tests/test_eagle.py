@@ -12,9 +12,9 @@ from conftest import plain_greedy, tiny_model, tiny_tokenizer
 from safetensors.torch import load_file, save_file
 
 from specdec import SpecdecError, SpeculativeDecoder, TargetModel, tree
+from specdec.budget import UNCUT
 from specdec.cli import main
 from specdec.contracts import DecodeState, Verdict, Verifier
-from specdec.limits import MAX_VERIFY_TOKENS
 from specdec.sampling import SamplingParams
 from specdec_eagle.checkpoint import load_draft, save_draft
 from specdec_eagle.model import Eagle3Cache, Eagle3Config, Eagle3DraftModel
@@ -171,7 +171,7 @@ def test_the_draft_cache_holds_exactly_the_committed_context(eagle_dirs, options
     proposer.propose = propose_and_check
     accepted = []
     for prompt in ([5], [7, 8, 9, 10, 7, 8, 9], list(range(20, 40))):
-        out = decoder.generate_ids(prompt, max_new_tokens=30, draft_budget=MAX_VERIFY_TOKENS)  # asked every step
+        out = decoder.generate_ids(prompt, max_new_tokens=30, draft_budget=UNCUT)  # asked every step
         assert len(out.token_ids) == 30
         accepted += out.stats.acceptance_lengths
     # draft tokens were accepted, several at once where the draft is longer than one
@@ -413,6 +413,6 @@ def test_pruning_each_depth_to_what_can_be_verified_changes_no_tree(eagle_dirs):
         propose, seen = decoder.proposer.propose, []
         decoder.proposer.propose = lambda state, propose=propose, seen=seen: seen.append(d := propose(state)) or d
         for prompt in ([5], [7, 8, 9, 10, 7, 8, 9]):
-            decoder.generate_ids(prompt, max_new_tokens=20, draft_budget=MAX_VERIFY_TOKENS)
+            decoder.generate_ids(prompt, max_new_tokens=20, draft_budget=UNCUT)
         drafts[keep_all] = [(d.tokens.tolist(), d.parents) for d in seen]
     assert len(drafts[False]) > 5 and drafts[False] == drafts[True]

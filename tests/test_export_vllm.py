@@ -18,8 +18,8 @@ from conftest import tiny_model, tiny_tokenizer
 from safetensors.torch import load_file
 
 from specdec import SpeculativeDecoder
+from specdec.budget import UNCUT
 from specdec.cli import main
-from specdec.limits import MAX_VERIFY_TOKENS
 from specdec_dflash.checkpoint import load_draft as load_dflash
 from specdec_dflash.checkpoint import save_draft as save_dflash
 from specdec_dflash.model import DFlashConfig, DFlashDraftModel
@@ -177,7 +177,7 @@ def proposals(target, proposer: str, folder: Path, **options) -> tuple[list, lis
         return draft
 
     decoder.proposer.propose = recording
-    out = decoder.generate_ids([11, 12, 13, 14, 15, 16, 17], max_new_tokens=24, draft_budget=MAX_VERIFY_TOKENS)
+    out = decoder.generate_ids([11, 12, 13, 14, 15, 16, 17], max_new_tokens=24, draft_budget=UNCUT)
     return seen, out.token_ids
 
 

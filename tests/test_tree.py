@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec import Draft, PluginError, Proposer, SpeculativeDecoder, TargetModel, tree
-from specdec.limits import MAX_VERIFY_TOKENS
+from specdec.budget import UNCUT
 from specdec.verifiers import GreedyVerifier
 
 parents_lists = st.integers(0, 9).flatmap(
@@ -133,7 +133,7 @@ def test_a_planted_path_is_accepted_in_full_and_the_cache_follows_it():
     target = TargetModel(model)
     decoder = SpeculativeDecoder(target, Planted(Planted.Config(), target))
     # the whole tree every step (the truth is its last path: a budget's cut to the first nodes would drop it)
-    out = decoder.generate_ids(prompt, max_new_tokens=max_new, draft_budget=MAX_VERIFY_TOKENS)
+    out = decoder.generate_ids(prompt, max_new_tokens=max_new, draft_budget=UNCUT)
     assert out.token_ids == expected
     assert out.stats.acceptance_lengths[:-1] == [4] * (len(out.stats.acceptance_lengths) - 1)
     assert target.cache_length == len(prompt) + max_new - 1

@@ -47,6 +47,7 @@ from itertools import accumulate
 import torch
 
 from .contracts import Draft
+from .limits import MAX_VERIFY_TOKENS
 
 #: batch sizes are probed in these buckets (a batch of 5 to 8 rows uses the probe at 8; one row alone, its own)
 _BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -82,6 +83,9 @@ _OBSERVED_MIN = 3
 OBSERVED_COSTS = True
 #: whether a whole draft counts for longer cuts (`record`; a switch for measuring what that changes)
 WHOLE_DRAFTS = True
+#: a pinned draft budget above any draft's length (`draft_budget=UNCUT`): every draft verified whole, so that a
+#: draft's own acceptance is measured, not what this machine's forward costs make the adaptive budget keep of it
+UNCUT = MAX_VERIFY_TOKENS
 #: whether one row alone takes the budget too (False: it verifies its proposer's whole draft, as before stop 34; a
 #: switch for measuring what that changes)
 ONE_ROW = True

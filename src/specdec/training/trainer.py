@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
+from ..budget import UNCUT
 from ..errors import SpecdecError
-from ..limits import MAX_VERIFY_TOKENS
 from .checkpoint import load_checkpoint, load_state_tensors, prepare_run_dir, save_checkpoint
 from .data import DataDir
 from .interrupts import Interrupted, InterruptGuard, folder_lock
@@ -139,7 +139,7 @@ def evaluate_acceptance(objective: TrainingObjective, proposer_name: str, prompt
             for prompt in prompts:
                 # the draft's whole chain each step: its acceptance, not the adaptive budget's cut of it
                 out = decoder.generate_ids(prompt.unsqueeze(0), max_new_tokens=max_new_tokens,
-                                           draft_budget=MAX_VERIFY_TOKENS)
+                                           draft_budget=UNCUT)
                 accepted += sum(out.stats.acceptance_lengths)
                 steps += len(out.stats.acceptance_lengths)
     finally:
