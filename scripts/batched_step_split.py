@@ -61,7 +61,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--data", default="../shared/datasets/gsm8k.jsonl")
-    parser.add_argument("--proposer", choices=("dflash", "dflash2"), default="dflash")
+    parser.add_argument("--proposer", choices=("dflash", "dflash2", "autoregressive"), default="dflash")
+    parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
     for owner, attribute, label in (
             (engine.Engine, "step", "step"), (engine.Engine, "admit", "admit (prefill)"),
@@ -70,12 +71,13 @@ def main() -> None:
             (draft_model.DFlashDraftModel, "forward_rows", "draft forward"), (dflash.DFlashProposer, "_tree", "trees"),
             (dflash.DFlashProposer, "_head_logits", "draft head"), (engine, "row_output", "row outputs"),
             (dflash.DFlashProposer, "_finish", "finish (logits to a row's draft)"),
-            (dflash2.DFlash2Proposer, "_finish", "finish (logits to a row's draft)")):
+            (dflash2.DFlash2Proposer, "_finish", "finish (logits to a row's draft)"),
+            (budget.DraftBudget, "probe", "budget probe"), (budget.DraftBudget, "choose", "budget choose")):
         timed(owner, attribute, label)
     budget.DraftBudget.choose = counted_choose(budget.DraftBudget.choose)
     with open(args.data) as lines:
         prompts = [json.loads(line)["turns"][0] for line in lines][: args.prompts]
-    decoder = SpeculativeDecoder.from_pretrained(proposer=args.proposer, dtype="bfloat16")
+    decoder = SpeculativeDecoder.from_pretrained(proposer=args.proposer, dtype=args.dtype)
     decoder.generate(prompts[: args.batch], max_new_tokens=32, batch_size=args.batch)
     seconds.clear()
     calls.clear()

@@ -288,25 +288,79 @@ def test_a_lone_row_whose_drafts_never_pay_falls_to_plain_decoding_and_stays_exa
 def test_a_probe_skips_the_widths_that_cannot_pay_on_a_steep_cost_curve():
     """Once a forward costs more than the most a step could commit (on what was measured) times a one-token
     forward, no wider one can pay: the probe stops timing them (after one try with a wider margin in its first
-    round), so a batch's last rows do not spend seconds per bucket probing; on a flat curve every width is
-    timed in every round. The skipped widths read at least as dear as the widest probed."""
+    round, on its least try so far in the later ones), so a batch's last rows do not spend seconds per bucket
+    probing; on a flat curve every width is timed. The skipped widths read at least as dear as the widest probed. Past the second round only widths
+    whose tries disagree are timed again (these stand-in forwards cost the same every time)."""
     import specdec.budget as budget_module
 
+    def measured() -> DraftBudget:
+        budget = DraftBudget()
+        for _ in range(200):
+            budget.record(8, [0])  # one draft token in eight accepted: E(m) <= 2 plus its margin
+        return budget
+
     clock = [0.0]
-    budget = DraftBudget()
-    for _ in range(200):
-        budget.record(8, [0])  # one draft token in eight accepted: E(m) <= 2 plus its margin
     steep = ProbedTarget(lambda w, n: 0.030 * w, clock)
     flat = ProbedTarget(lambda w, n: 0.030 + 0.0001 * w, clock)
+    budget, other = measured(), measured()  # one per target: a budget belongs to one engine's target
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(budget_module.time, "perf_counter", lambda: clock[0])
         budget.probe(steep, 4, torch.zeros(4, 1, dtype=torch.long), [5] * 4)
-        budget.probe(flat, 8, torch.zeros(8, 1, dtype=torch.long), [5] * 8)
+        other.probe(flat, 8, torch.zeros(8, 1, dtype=torch.long), [5] * 8)
         fresh = DraftBudget()  # nothing drafted yet: nothing to judge by, every width
         fresh.probe(steep, 16, torch.zeros(16, 1, dtype=torch.long), [5] * 16)
-    # ceiling ~2.2 tokens: width 5 costs 5 one-token forwards, past 2 x 2.2 in the first round; 3 past 1.25 x 2.2
-    assert steep.widths[:13] == [1, 2, 3, 5] + [1, 2, 3] * 3  # against 4 x 6 widths, the widest 17 tokens
+    # ceiling ~2.2 tokens: width 5 costs 5 one-token forwards, past 2 x 2.2 in the first round; 3 past 1.25 x 2.2 in
+    # the second, on its first try (a width already timed too dear is not timed again)
+    assert steep.widths[:6] == [1, 2, 3, 5] + [1, 2]  # against 4 x 6 widths, the widest 17 tokens
     assert [w for w, _ in budget.costs[4]] == [1, 2, 3, 5]
     assert budget.forward_seconds(4, 17) >= budget.forward_seconds(4, 5)
-    assert flat.widths == list(budget_module._WIDTHS) * budget_module._PROBE_ROUNDS
-    assert steep.widths[13:] == list(budget_module._WIDTHS) * budget_module._PROBE_ROUNDS  # the fresh budget's
+    assert flat.widths == list(budget_module._WIDTHS) * 2
+    assert steep.widths[6:] == list(budget_module._WIDTHS) * 2  # the fresh budget's
+
+
+def test_a_probe_times_again_only_the_widths_whose_tries_disagree(monkeypatch):
+    """Two tries of a width within _PROBE_SETTLED of each other settle its time; a width whose second try was
+    far off the first (a moment of slowness) is timed in the later rounds, and keeps its least time."""
+    import specdec.budget as budget_module
+
+    clock = [0.0]
+    # the 8th forward (width 2, second round) crawls: only width 2 is timed past the second round, once (its third
+    # try agrees with its first)
+    target = ProbedTarget(lambda w, n: (0.030 + 0.001 * w) * (5 if n == 8 else 1), clock)
+    monkeypatch.setattr(budget_module.time, "perf_counter", lambda: clock[0])
+    budget = DraftBudget()
+    budget.probe(target, 4, torch.zeros(4, 1, dtype=torch.long), [5] * 4)
+    assert target.widths == list(budget_module._WIDTHS) * 2 + [2]
+    assert dict(budget.costs[4])[2] == pytest.approx(0.032)
+
+
+def test_a_draining_batch_reads_the_token_counts_probed_before_and_times_only_the_rest(monkeypatch):
+    """A forward's time follows its token count (rows x width): a bucket whose widths' token counts lie inside
+    the range an earlier probe timed reads them off that probe by tokens, and times on its live batch only the
+    widths outside it (a batch draining from 16 rows times only 8 rows of one token, not six widths four times
+    over). Switched off (SHARED_CURVE), every bucket times every width."""
+    import specdec.budget as budget_module
+
+    def cost(tokens: int) -> float:
+        return 0.030 + 0.002 * tokens
+
+    clock = [0.0]
+    monkeypatch.setattr(budget_module.time, "perf_counter", lambda: clock[0])
+    budget = DraftBudget()
+    wide = ProbedTarget(lambda w, n: cost(16 * w), clock)
+    budget.probe(wide, 16, torch.zeros(16, 1, dtype=torch.long), [5] * 16)  # tokens 16 .. 272
+    draining = ProbedTarget(lambda w, n: cost(8 * w), clock)
+    budget.probe(draining, 8, torch.zeros(8, 1, dtype=torch.long), [5] * 8)
+    assert set(draining.widths) == {1}  # 8 tokens: below what was timed
+    assert [w for w, _ in budget.costs[8]] == list(budget_module._WIDTHS)
+    for width in budget_module._WIDTHS:  # inside the range: linear between probed token counts, exact here
+        assert budget.forward_seconds(8, width) == pytest.approx(cost(8 * width))
+    alone = ProbedTarget(lambda w, n: cost(w), clock)
+    budget.probe(alone, 1, torch.zeros(1, 1, dtype=torch.long), [5])  # tokens 1 .. 33: 1, 2, 3 and 5 timed
+    assert set(alone.widths) == {1, 2, 3, 5}
+    assert budget.forward_seconds(1, 33) == pytest.approx(cost(33))
+
+    monkeypatch.setattr(budget_module, "SHARED_CURVE", False)
+    again = ProbedTarget(lambda w, n: cost(8 * w), clock)
+    budget.probe(again, 8, torch.zeros(8, 1, dtype=torch.long), [5] * 8)
+    assert set(again.widths) == set(budget_module._WIDTHS)

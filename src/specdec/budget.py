@@ -65,6 +65,15 @@ _PROBE_ROUNDS = 4
 #: which took seconds per bucket as a batch's last rows passed through buckets 8, 4, 2 and 1
 _PROBE_CUT_FIRST = 2.0
 _PROBE_CUT = 1.25
+#: past the second round, a width whose two least tries agree within this share is not timed again: at 16 rows a
+#: round of every width took ~4 s on a CPU without bf16 units, and a moment of slowness shows as two tries apart
+_PROBE_SETTLED = 0.05
+#: whether a bucket reads the widths whose token counts (rows x width) an earlier probe timed off that probe, by
+#: tokens, and times only the others on its live batch: a batch draining from 16 rows passes through buckets 8, 4,
+#: 2 and 1, and probing each in full took ~14 s on such a CPU (4.4 s for bucket 4 alone), paid at every run's tail.
+#: A forward's time follows its token count far more than its rows (16 rows of 1 token and 1 row of 17 cost within
+#: ~20% there); the steps' real forwards then correct each row count's level (`record_forward`)
+SHARED_CURVE = True
 #: one row alone probes in fewer rounds: its probe is paid inside one generation, often a short one (two rounds of
 #: seven widths cost ~0.6 s on this project's CPU), and its own real forwards correct the widths it then verifies
 _ONE_ROW_PROBE_ROUNDS = 2
@@ -96,6 +105,22 @@ def _moving(average: float | None, value: float) -> float:
     return value if average is None else (1 - _NEWEST_WEIGHT) * average + _NEWEST_WEIGHT * value
 
 
+def _interpolate(curve: list[tuple[int, float]], tokens: int) -> float:
+    """The time of a forward of `tokens` tokens, linearly between the two probed token counts around it."""
+    for (n0, t0), (n1, t1) in zip(curve, curve[1:], strict=False):
+        if tokens <= n1:
+            return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+    return curve[-1][1]  # tokens == the largest probed
+
+
+def _settled(tries: list[float]) -> bool:
+    """Whether a width's two least tries agree within _PROBE_SETTLED (a third would not move its least time)."""
+    if len(tries) < 2:  # timed once (a width cut as too dear before its second try)
+        return False
+    low, second = sorted(tries)[:2]
+    return second <= low * (1 + _PROBE_SETTLED)
+
+
 def bucket(batch: int) -> int:
     return next((b for b in _BUCKETS if b >= batch), _BUCKETS[-1])
 
@@ -105,6 +130,7 @@ class DraftBudget:
 
     def __init__(self) -> None:
         self.costs: dict[int, list[tuple[int, float]]] = {}  # bucket -> [(width, seconds)]
+        self.tokens_seconds: dict[int, float] = {}  # tokens in a probed forward (rows x width) -> its least time
         self.drafted: list[int] = [0]  # [d]: steps whose verified draft held exactly d tokens
         self.node_accepted: list[int] = [0]  # [m >= 1]: steps whose node m - 1 was accepted
         # [m]: steps whose whole draft (not cut) held m - 1 tokens: a cut to m or more would have left them whole,
@@ -189,27 +215,47 @@ class DraftBudget:
         the least of _PROBE_ROUNDS, the widths taking turns within a round, so that a moment of slowness
         (another process, the OS) inflates one try of several widths, not every try of one: the probe is
         taken once per bucket and sets the draft length for every later step (a width timed 20% dear in
-        one probe on this project's CPU kept a batch of 4 at 4 draft tokens per row where others chose 8)."""
+        one probe on this project's CPU kept a batch of 4 at 4 draft tokens per row where others chose 8).
+        A width whose forward holds a number of tokens inside the range an earlier probe (of another bucket)
+        timed is read off that probe's times by tokens instead (SHARED_CURVE), and past the second round only
+        widths whose two least tries differ by more than _PROBE_SETTLED are timed again."""
         alone = rows == 1
         widths = list(_ONE_ROW_WIDTHS if alone else _WIDTHS)
-        best = dict.fromkeys(widths, float("inf"))
-        feeds = {width: feed_row.expand(-1, width).contiguous() for width in widths}
+        curve = sorted(self.tokens_seconds.items()) if SHARED_CURVE else []
+        known = {w: _interpolate(curve, rows * w) for w in widths if curve and curve[0][0] <= rows * w <= curve[-1][0]}
+        timed = [w for w in widths if w not in known]
+        tries: dict[int, list[float]] = {width: [] for width in timed}
+        feeds = {width: feed_row.expand(-1, width).contiguous() for width in timed}
         ceiling = self._ceiling()
         for round_ in range(_ONE_ROW_PROBE_ROUNDS if alone else _PROBE_ROUNDS):
             margin = _PROBE_CUT_FIRST if round_ == 0 else _PROBE_CUT
-            for width in list(widths):
-                start = time.perf_counter()
-                target.forward(feeds[width])  # type: ignore[attr-defined]
-                if feed_row.device.type == "cuda":
-                    torch.cuda.synchronize(feed_row.device)
-                best[width] = min(best[width], time.perf_counter() - start)
-                target.crop(lengths)  # type: ignore[attr-defined]
-                if width > 1 and best[width] > margin * ceiling * best[widths[0]]:
+            for width in list(timed):
+                if round_ >= 2 and _settled(tries[width]):
+                    continue
+                if not (round_ and self._beyond(tries, known, width, margin * ceiling)):  # already too dear
+                    start = time.perf_counter()
+                    target.forward(feeds[width])  # type: ignore[attr-defined]
+                    if feed_row.device.type == "cuda":
+                        torch.cuda.synchronize(feed_row.device)
+                    tries[width].append(time.perf_counter() - start)
+                    target.crop(lengths)  # type: ignore[attr-defined]
+                if self._beyond(tries, known, width, margin * ceiling):
                     # no wider forward can pay (see _ceiling): later rounds, or the rest of this one, skip them
-                    widths = widths[: widths.index(width) + 1]
+                    timed = timed[: timed.index(width) + 1]
+                    known = {w: t for w, t in known.items() if w < width}
                     break
-        self.costs[bucket(rows)] = [(width, seconds * bucket(rows) / rows)  # scaled to the bucket's rows
-                                    for width, seconds in best.items() if seconds < float("inf")]
+        best = {**known, **{width: min(times) for width, times in tries.items() if times}}
+        for width, times in tries.items():
+            if times:
+                self.tokens_seconds[rows * width] = min(times)
+        self.costs[bucket(rows)] = [(width, best[width] * bucket(rows) / rows)  # scaled to the bucket's rows
+                                    for width in sorted(best)]
+
+    @staticmethod
+    def _beyond(tries: dict[int, list[float]], known: dict[int, float], width: int, bound: float) -> bool:
+        """Whether `width` (wider than one token) has been timed at more than `bound` one-token forwards."""
+        one = min(tries[1]) if tries.get(1) else known[1]
+        return width > 1 and bool(tries[width]) and min(tries[width]) > bound * one
 
     def _ceiling(self) -> float:
         """The most a step of any draft length could commit per row on what has been measured (the upper
