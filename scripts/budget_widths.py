@@ -43,16 +43,16 @@ def main() -> None:
         return out
 
     def timed_step(self, rows):
-        before = copy.deepcopy((self.budget.observed, self.budget.observed_ratio))  # the model the step chose by
+        before = copy.deepcopy((self.budget.observed, self.budget.observed_ratio, self.budget.forwards))  # chosen by
         start = time.perf_counter()
         committed = step(self, rows)
         seconds = time.perf_counter() - start
         if len(rows) == args.batch:
             width = int(last["width"])
-            after = self.budget.observed, self.budget.observed_ratio
-            self.budget.observed, self.budget.observed_ratio = before
+            after = self.budget.observed, self.budget.observed_ratio, self.budget.forwards
+            self.budget.observed, self.budget.observed_ratio, self.budget.forwards = before
             modeled = self.budget.forward_seconds(len(rows), width) if self.budget.costs else float("nan")
-            self.budget.observed, self.budget.observed_ratio = after
+            self.budget.observed, self.budget.observed_ratio, self.budget.forwards = after
             steps[width].append((last["seconds"], modeled, seconds, sum(map(len, committed)) / len(rows)))
         return committed
 

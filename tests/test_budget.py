@@ -150,6 +150,26 @@ def test_the_steps_real_forwards_correct_the_probed_costs():
     assert 1 not in budget.observed and 1 not in budget.observed_ratio
 
 
+def test_a_width_not_seen_lately_reads_its_probe_at_the_current_ratio():
+    """A width's own average stands only while the width was seen in the rows' last _OBSERVED_FRESH forwards: one
+    measured in a slow spell of the machine and then not chosen must not keep its slow time while the widths chosen
+    instead run fast (the batch would go on drafting, priced against a plain step it no longer takes)."""
+    import specdec.budget as budget_module
+
+    budget = DraftBudget()
+    budget.costs[16] = [(1, 0.130), (2, 0.200), (3, 0.270), (5, 0.420), (9, 0.700), (17, 1.350)]
+    for _ in range(20):
+        budget.record_forward(16, 1, 0.217)  # a slow spell, at plain steps
+    assert budget.forward_seconds(16, 1) == pytest.approx(0.217, rel=1e-3)
+    for _ in range(budget_module._OBSERVED_FRESH - 1):
+        budget.record_forward(16, 2, 0.200)  # the machine fast again, at drafting steps of width 2
+    assert budget.forward_seconds(16, 1) == pytest.approx(0.217, rel=1e-3)  # still fresh
+    budget.record_forward(16, 2, 0.200)
+    assert budget.forward_seconds(16, 1) == pytest.approx(0.130 * budget.observed_ratio[16])
+    assert budget.forward_seconds(16, 1) < 0.150
+    assert budget.forward_seconds(16, 2) == pytest.approx(0.200, rel=1e-3)
+
+
 def test_a_width_seen_dearer_than_probed_is_chosen_less():
     budget = DraftBudget()
     budget.costs[4] = [(1, 0.030), (2, 0.032), (3, 0.034), (5, 0.036), (9, 0.040), (17, 0.080)]
@@ -289,8 +309,9 @@ def test_a_probe_skips_the_widths_that_cannot_pay_on_a_steep_cost_curve():
     """Once a forward costs more than the most a step could commit (on what was measured) times a one-token
     forward, no wider one can pay: the probe stops timing them (after one try with a wider margin in its first
     round, on its least try so far in the later ones), so a batch's last rows do not spend seconds per bucket
-    probing; on a flat curve every width is timed. The skipped widths read at least as dear as the widest probed. Past the second round only widths
-    whose tries disagree are timed again (these stand-in forwards cost the same every time)."""
+    probing; on a flat curve every width is timed. The skipped widths read at least as dear as the widest probed.
+    Past the second round only widths whose tries disagree are timed again (these stand-ins cost the same each
+    time)."""
     import specdec.budget as budget_module
 
     def measured() -> DraftBudget:

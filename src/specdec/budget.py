@@ -33,7 +33,10 @@ bf16 paid 33 ms for one token and 128 ms for 16), verifying a 16-token tree plus
 speculation slower than plain decoding, and the budget cuts the draft to what pays; where the cost is flat it
 keeps nearly all of it. A bucket is probed only once the budget would read it (after the warm-up steps, and one
 row alone in fewer rounds), so a short generation, or plain decoding, never pays a probe (`needs_probe`), and a
-probe stops timing wider forwards once one costs more than any draft length could pay for (`_ceiling`). vLLM and
+probe stops timing wider forwards once one costs more than any draft length could pay for (`_ceiling`). A probe
+reads the widths whose token counts (rows x width) an earlier probe timed off that one, by tokens (SHARED_CURVE: a
+forward's time follows its tokens far more than its rows), so a batch draining from 16 rows to 1 times only its
+narrowest forwards in each bucket it passes through. vLLM and
 SGLang turn speculation off under load for the same reason; here one rule covers every batch size and every
 proposer.
 """
@@ -88,6 +91,11 @@ _NEWEST_WEIGHT = 0.1
 #: real forwards of one width seen before their average replaces that width's probed time (one slow forward, the
 #: OS or another process, must not make a width look dear for good: a width not chosen is not measured again)
 _OBSERVED_MIN = 3
+#: a width's own average stands only while it was seen within this many of the rows' last forwards; after, its probed
+#: time scaled by the real times' recent ratio to the probed ones. A machine's speed drifts (a virtual machine's
+#: neighbours): a width measured in a slow spell and then not chosen kept its slow average while the widths chosen
+#: instead ran fast, and a batch of 16 drafted for ~90 steps on a one-token forward's 217 ms where it was taking ~140
+_OBSERVED_FRESH = 16
 #: whether the steps' real forwards correct the probed costs (a switch for measuring what that changes)
 OBSERVED_COSTS = True
 #: whether a whole draft counts for longer cuts (`record`; a switch for measuring what that changes)
@@ -143,8 +151,10 @@ class DraftBudget:
         # by the exact number of rows: moving averages of the steps' real forward times by width, and of their
         # ratio to the probed time of that width (a forward's time is far from proportional to its rows: 16 rows
         # of one token took 47 ms where 10 took ~40, so a time scaled from other row counts would mislead)
-        self.observed: dict[int, dict[int, tuple[int, float]]] = {}  # rows -> width -> (forwards, average)
+        # rows -> width -> (forwards, average, the rows' forward count when it was last seen)
+        self.observed: dict[int, dict[int, tuple[int, float, int]]] = {}
         self.observed_ratio: dict[int, float] = {}
+        self.forwards: dict[int, int] = {}  # rows -> real forwards recorded
         self.plain_seconds: dict[int, float] = {}
         self.plain_streak: dict[int, int] = {}
 
@@ -186,8 +196,9 @@ class DraftBudget:
         if not OBSERVED_COSTS or b not in self.costs:
             return
         widths = self.observed.setdefault(rows, {})
-        count, average = widths.get(width, (0, None))
-        widths[width] = (count + 1, _moving(average, seconds))
+        count, average, _ = widths.get(width, (0, None, 0))
+        self.forwards[rows] = self.forwards.get(rows, 0) + 1
+        widths[width] = (count + 1, _moving(average, seconds), self.forwards[rows])
         ratio = seconds / (self._probed(b, width) * rows / b)
         self.observed_ratio[rows] = _moving(self.observed_ratio.get(rows), ratio)
 
@@ -268,8 +279,8 @@ class DraftBudget:
 
     def forward_seconds(self, rows: int, width: int) -> float:
         """The expected time of a forward of `rows` rows of `width` tokens (see the module's docstring)."""
-        count, average = self.observed.get(rows, {}).get(width, (0, 0.0))
-        if count >= _OBSERVED_MIN:
+        count, average, last = self.observed.get(rows, {}).get(width, (0, 0.0, 0))
+        if count >= _OBSERVED_MIN and self.forwards[rows] - last < _OBSERVED_FRESH:
             return average
         b = bucket(rows)  # the probe's time, scaled to these rows, times what these rows' real forwards ran over it
         return self._probed(b, width) * rows / b * self.observed_ratio.get(rows, 1.0)
