@@ -204,6 +204,30 @@ def test_drafting_time_is_kept_per_batch_bucket_and_measured_afresh():
     assert budget.choose(4, 8) == [6] * 4
 
 
+def test_no_refresh_where_no_draft_length_would_pay_were_drafting_free():
+    """Re-measuring the drafting time cannot change the choice where even free drafting loses to plain decoding
+    (a forward's cost growing faster than the acceptance): that bucket stays plain, where it used to draft once
+    every _REFRESH_STEPS steps; a bucket it could pay in still refreshes."""
+    import specdec.budget as budget_module
+
+    steep = [(w, 0.030 * w ** 1.5) for w in budget_module._WIDTHS]
+    budget = _measured(steep, 1)  # E(m) <= 2 plus its margin, a forward of 2 tokens costing 2.8 of one
+    budget.costs[16] = steep
+    budget.plain_seconds[16] = 0.0005
+    budget.record_step_time(16, True, 16 * 0.002)
+    for _ in range(budget_module._REFRESH_STEPS + 5):
+        budget.record_step_time(16, False, 16 * 0.0005)
+        assert budget.choose(16, 8) == [0] * 16
+    budget.costs[32] = steep
+    assert budget.choose(32, 8) == [0] * 32  # never drafted there: nothing it could measure would pay
+    flat = [(1, 0.030), (2, 0.030), (3, 0.031), (5, 0.032), (9, 0.034), (17, 0.060)]
+    budget.costs[16] = flat
+    budget.record_step_time(16, True, 16 * 0.2)  # drafting measured very dear once
+    for _ in range(budget_module._REFRESH_STEPS):
+        budget.record_step_time(16, False, 16 * 0.0005)
+    assert budget.choose(16, 8)[0] >= 1  # free drafting would pay here: it re-measures
+
+
 def test_a_cut_tree_is_a_tree_of_its_first_nodes():
     tokens, parents = tree.from_paths([[5, 6, 7], [5, 9], [8]])
     draft = Draft(tokens=torch.tensor([tokens]), parents=parents)

@@ -84,7 +84,8 @@ _ONE_ROW_PROBE_ROUNDS = 2
 _WARMUP_STEPS = 8
 #: the upper-confidence margin on E(m) after n steps is min(1, _EXPLORATION / sqrt(1 + n)) tokens
 _EXPLORATION = 2.0
-#: steps without drafting after which a batch bucket drafts once more, to measure its drafting time afresh
+#: steps without drafting after which a batch bucket drafts once more, to measure its drafting time afresh (unless no
+#: draft length would pay even were drafting free)
 _REFRESH_STEPS = 32
 #: weight of the newest measurement in the budget's moving averages (step times, real forwards)
 _NEWEST_WEIGHT = 0.1
@@ -315,13 +316,21 @@ class DraftBudget:
         unmeasured = b not in self.draft_seconds
         refresh = unmeasured or self.plain_streak.get(b, 0) >= _REFRESH_STEPS
         drafting = self.draft_seconds.get(b, self._nearest_drafting_seconds(b))
-        best, best_rate = 0, 0.0
         measured = self.measured()
-        for m in range(1 if refresh else 0, min(most, len(self.drafted) - 1) + 1):
-            rest = drafting if m else self.plain_seconds.get(b, 0.0)  # unmeasured plain: try it
-            rate = rows * self.optimistic(m, measured) / (self.forward_seconds(rows, 1 + m) + rows * rest)
-            if rate > best_rate:
-                best, best_rate = m, rate
+        lengths = range(min(most, len(self.drafted) - 1) + 1)
+
+        def rate(m: int, rest: float) -> float:  # expected committed tokens per second, `rest` per row besides
+            return rows * self.optimistic(m, measured) / (self.forward_seconds(rows, 1 + m) + rows * rest)
+
+        plain = rate(0, self.plain_seconds.get(b, 0.0))  # unmeasured plain: try it
+        # drafting once to measure its time is pointless where no draft length would pay were drafting free: on a
+        # CPU without bf16 units a batch of 16 ran plain decoding and paid ~2% for a refresh every 32 steps
+        if refresh and not any(rate(m, 0.0) > plain for m in lengths[1:]):
+            refresh = False
+        best, best_rate = 0, 0.0 if refresh else plain
+        for m in lengths[1:]:
+            if rate(m, drafting) > best_rate:
+                best, best_rate = m, rate(m, drafting)
         return [best] * rows
 
     def _nearest_drafting_seconds(self, b: int) -> float:
