@@ -114,12 +114,13 @@ def _moving(average: float | None, value: float) -> float:
     return value if average is None else (1 - _NEWEST_WEIGHT) * average + _NEWEST_WEIGHT * value
 
 
-def _interpolate(curve: list[tuple[int, float]], tokens: int) -> float:
-    """The time of a forward of `tokens` tokens, linearly between the two probed token counts around it."""
-    for (n0, t0), (n1, t1) in zip(curve, curve[1:], strict=False):
-        if tokens <= n1:
-            return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
-    return curve[-1][1]  # tokens == the largest probed
+def _interpolate(curve: list[tuple[int, float]], x: int) -> float:
+    """The time at x (a forward's tokens, or its width) on a sorted [(x, seconds)] table, linearly between the two
+    entries around it (x at most the largest entry's)."""
+    for (x0, t0), (x1, t1) in zip(curve, curve[1:], strict=False):
+        if x <= x1:
+            return t0 + (t1 - t0) * (x - x0) / (x1 - x0)
+    return curve[-1][1]  # x == the largest entry's (or a table of one entry)
 
 
 def _settled(tries: list[float]) -> bool:
@@ -289,9 +290,8 @@ class DraftBudget:
     def _probed(self, b: int, width: int) -> float:
         """The probe's time for `width` in bucket b, interpolated between probed widths (linearly past the last)."""
         table = self.costs[b]
-        for (w0, t0), (w1, t1) in zip(table, table[1:], strict=False):
-            if width <= w1:
-                return t0 + (t1 - t0) * (width - w0) / (w1 - w0)
+        if width <= table[-1][0]:
+            return _interpolate(table, width)
         (w0, t0), (w1, t1) = table[-2], table[-1]
         return t1 + max(t1 - t0, 0.0) * (width - w1) / (w1 - w0)  # never cheaper than the widest probed
 
@@ -329,8 +329,8 @@ class DraftBudget:
             refresh = False
         best, best_rate = 0, 0.0 if refresh else plain
         for m in lengths[1:]:
-            if rate(m, drafting) > best_rate:
-                best, best_rate = m, rate(m, drafting)
+            if (candidate := rate(m, drafting)) > best_rate:
+                best, best_rate = m, candidate
         return [best] * rows
 
     def _nearest_drafting_seconds(self, b: int) -> float:
