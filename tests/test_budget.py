@@ -250,6 +250,29 @@ def test_a_pinned_budget_of_zero_is_plain_decoding_and_one_row_keeps_its_draft()
     assert max(alone.stats.acceptance_lengths) > 1
 
 
+def test_a_row_cut_to_m_tokens_asks_its_proposer_for_m(monkeypatch):
+    """A cut row's proposer is asked for the cut (state.max_draft_tokens), so that it drafts no slot the step will
+    not verify; a budget above what a row may still verify asks for what it may verify."""
+    from specdec.proposers.ngram import NgramProposer
+
+    model = tiny_model("llama", seed=0)
+    prompts = [[7, 8, 9, 7, 8, 9, 7, 8], [1, 2, 3, 1, 2, 3]]
+    decoder = SpeculativeDecoder.from_model(model, proposer="ngram")
+    asked: list[tuple[int, int]] = []  # (max_draft_tokens, tokens still wanted after this step's own)
+    original = NgramProposer.propose
+
+    def propose(self, state):
+        asked.append((state.max_draft_tokens, 12 - (state.length - state.prompt_length) - 1))
+        return original(self, state)
+
+    monkeypatch.setattr(NgramProposer, "propose", propose)
+    for budget in (2, 50):
+        asked.clear()
+        outs = decoder.generate_ids(prompts, max_new_tokens=12, batch_size=2, draft_budget=budget)
+        assert [o.token_ids for o in outs] == [plain_greedy(model, p, 12) for p in prompts]
+        assert asked and all(ask == min(budget, left) for ask, left in asked), asked
+
+
 def test_one_row_alone_takes_the_budget_from_its_own_probe(monkeypatch):
     """A lone row is a batch of one: where a forward's cost grows steeply with its width (a CPU without bf16
     matrix units verifying in bf16), it verifies only the draft tokens that pay, and none when none do; where

@@ -270,6 +270,42 @@ def test_rows_drafted_together_get_each_rows_own_tree(tmp_path, target, monkeypa
         assert draft_paths(draft) == reference_chain_tree(weights, cfg, target, committed, slots, 9), committed
 
 
+def test_rows_asked_for_fewer_tokens_score_only_those_slots(tmp_path, target, monkeypatch):
+    """A batch's draft budget asks each row's proposer for m tokens (specdec.engine): the head scores the block's
+    first 1 + m positions only, and each row's tree is its reference tree over m slots."""
+    from specdec_dflash.dflash2_proposer import DFlash2Proposer
+    from specdec_dflash.proposer import DFlashProposer
+
+    folder = tmp_path / "d"
+    save_random_dflash2(folder, seed=23, block_size=6)
+    weights, cfg = checkpoint(folder)
+    decoder = SpeculativeDecoder.from_model(target, proposer="dflash2", draft=str(folder), tree_size=5, lookup=0)
+    scored, seen = [], []
+    head, batch = DFlashProposer._head_logits, DFlash2Proposer.propose_batch.__func__
+
+    def scoring(self, hidden, k):
+        logits = head(self, hidden, k)
+        scored.append(logits.shape[1])
+        return logits
+
+    def recording(cls, proposers, states):
+        drafts = batch(cls, proposers, states)
+        seen.extend((state.tokens[0].tolist(), draft) for state, draft in zip(states, drafts, strict=True))
+        return drafts
+
+    monkeypatch.setattr(DFlashProposer, "_head_logits", scoring)
+    monkeypatch.setattr(DFlash2Proposer, "propose_batch", classmethod(recording))
+    prompts = [[31, 32, 33], [40, 41, 42, 43, 44], [60, 61]]
+    outputs = decoder.generate_ids(prompts, max_new_tokens=10, batch_size=2, draft_budget=2)
+    assert [o.token_ids for o in outputs] == [plain_greedy(target, p, 10) for p in prompts]
+    assert scored and set(scored) <= {2, 3} and 3 in scored  # 1 + m positions of the block's 6
+    assert len(seen) >= 6
+    for committed, draft in seen:
+        assert max(len(p) for p in draft_paths(draft)) <= 2
+        slots = max(len(p) for p in draft_paths(draft))
+        assert draft_paths(draft) == reference_chain_tree(weights, cfg, target, committed, slots, 5), committed
+
+
 def test_best_first_tree_is_the_likeliest_nodes(tmp_path, target):
     """expansion=best_first: the tree_size nodes of largest estimate among all paths through each node's 5
     best-scored children, each scored after its own parent's token (brute force over every path)."""

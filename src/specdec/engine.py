@@ -95,10 +95,10 @@ class Engine:
         lengths, else one); the others wait and join as rows finish. Row i samples with its own generator,
         seeded with `seeds[i]`, so a prompt's output does not depend on the prompts beside it.
 
-        `draft_budget`: the most draft tokens a row verifies per step (its draft's first ones; 0 = plain
-        decoding); None: chosen at each step from the measured forward costs and acceptance (specdec.budget), for
-        one row alone as for several, except a lone row that samples (it verifies its whole draft, so that its
-        seed reproduces its output).
+        `draft_budget`: the most draft tokens a row verifies per step (its proposer is asked for a draft that
+        deep, and a tree is cut to its first nodes; 0 = plain decoding); None: chosen at each step from the
+        measured forward costs and acceptance (specdec.budget), for one row alone as for several, except a lone
+        row that samples (it verifies its whole draft, so that its seed reproduces its output).
 
         Every prompt is checked before any work (an invalid one is named by its index), and the call holds the
         target's lock (one per model object) from its first prefill to its last step: the KV cache, the
@@ -281,7 +281,12 @@ class Engine:
         if not asked:
             return drafts, whole
         start = time.perf_counter()
-        states = [rows[b].state(rows[b].draft_budget) for b in asked]
+        # a row cut to m tokens asks its proposer for m, not for a whole draft to cut: a DFlash block's head and
+        # tree then cover m slots, not the block's seven (at 16 rows cut to 1 token, the head and the trees were
+        # ~6% of a step on this project's CPU, spent on slots no row would verify)
+        asks = [rows[b].draft_budget if cuts[b] is None else min(cuts[b], rows[b].draft_budget)  # type: ignore[type-var]
+                for b in asked]
+        states = [rows[b].state(ask) for b, ask in zip(asked, asks, strict=True)]
         proposers = [rows[b].proposer for b in asked]
         if len(asked) == 1:
             made = [proposers[0].propose(states[0])]  # type: ignore[union-attr]
@@ -292,11 +297,12 @@ class Engine:
                               f"{len(made) if isinstance(made, list) else type(made).__name__} drafts from "
                               f"propose_batch for {len(asked)} rows; expected a list of one draft per row.")
         share = (time.perf_counter() - start) / len(asked)
-        for b, state, draft in zip(asked, states, made, strict=True):
+        for b, ask, state, draft in zip(asked, asks, states, made, strict=True):
             check_draft(rows[b].proposer, self.target, draft, state, rows[b].verifier)  # type: ignore[arg-type]
             rows[b].stats.propose_seconds += share
             draft = on_device(draft, rows[b].buffer.device)
-            whole[b] = cuts[b] is None or draft.num_tokens <= cuts[b]  # type: ignore[operator]
+            # whole: the proposer's own draft, not cut (a row asked for fewer tokens than it may verify cannot tell)
+            whole[b] = ask == rows[b].draft_budget and (cuts[b] is None or draft.num_tokens <= cuts[b])  # type: ignore[operator]
             drafts[b] = draft if cuts[b] is None else trim(draft, cuts[b])  # type: ignore[arg-type]
         return drafts, whole
 

@@ -239,7 +239,7 @@ class DFlashProposer(HiddenStateProposer):
                 lead._embed(blocks), [job.context.states.to(lead.draft_dtype) for _, _, job in jobs],
                 [job.context.positions for _, _, job in jobs], torch.cat([job.block_positions for _, _, job in jobs]),
                 [p.cache for _, p, _ in jobs])
-            logits = lead._head_logits(hidden)  # [R, n, V'] (sliced after the product, see _head_logits)
+            logits = lead._head_logits(hidden, max(job.k for _, _, job in jobs))  # [R, 1 + k_max, V']
             finished = lead._finish_rows([(proposer, job) for _, proposer, job in jobs], logits, hidden)
             for (index, _, _), draft in zip(jobs, finished, strict=True):
                 drafts[index] = draft
@@ -248,7 +248,7 @@ class DFlashProposer(HiddenStateProposer):
     def _single(self, job: _Job) -> Draft:
         hidden = self.model(self._embed(job.block), job.context.states.to(self.draft_dtype), job.context.positions,
                             job.block_positions, cache=self.cache)
-        return self._finish_rows([(self, job)], self._head_logits(hidden), hidden)[0]
+        return self._finish_rows([(self, job)], self._head_logits(hidden, job.k), hidden)[0]
 
     def _finish_rows(self, rows: Sequence[tuple[DFlashProposer, _Job]], logits: torch.Tensor,
                      hidden: torch.Tensor) -> list[Draft]:
@@ -309,9 +309,13 @@ class DFlashProposer(HiddenStateProposer):
         """[R, n] token ids -> [R, n, H] the target's embeddings, in the draft's dtype."""
         return self.target.embed_tokens(block).to(self.draft_dtype)
 
-    def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # the head scores every block position and the logits are sliced after: a bf16 matmul on the slice
-        # hidden[:, 1:] (offset storage) took ~8x longer on CPU than on the whole, freshly allocated output
+    def _head_logits(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """hidden [R, n, H] -> logits [R, 1 + k, V'] at the block's first 1 + k positions (slots 0..k): a row
+        asked for k < n - 1 tokens (the batch's draft budget) needs no more. The head reads a fresh copy of
+        those positions: a bf16 matmul on a slice such as hidden[:, 1:] (offset storage) took ~8x longer on CPU
+        than on a freshly allocated tensor."""
+        if 1 + k < hidden.shape[1]:
+            hidden = hidden[:, : 1 + k].contiguous()
         head = self.target.lm_head if self.vocab_ids is None else self.head
         logits = head(hidden.to(head.weight.dtype))  # [B, n, V or V']
         return self.model.transform_logits(logits)
