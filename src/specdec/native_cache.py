@@ -212,27 +212,27 @@ class NativeKVCache(KVCache):
         positions for their longest, else into a buffer reallocated to fit every row now held."""
         if other.keys is None or other.values is None or not other._lengths:
             return
-        mine, theirs = (None, None) if self.keys is None else (self.keys.shape, other.keys.shape)
-        if mine is not None and theirs is not None and self.keys is not None and (
-                (mine[0], mine[2], mine[4]) != (theirs[0], theirs[2], theirs[4])
-                or (self.keys.dtype, self.keys.device) != (other.keys.dtype, other.keys.device)):
+        joining = other._lengths
+        keys, values = self._key_slab, self._value_slab
+        if self.keys is None or keys is None or values is None:  # nothing held: the joining rows alone
+            self._hold(*self._regrown(len(joining), _capacity(max(joining)), [(other.keys, other.values, joining)]),
+                       joining)
+            return
+        mine, theirs = self.keys.shape, other.keys.shape
+        if (mine[0], mine[2], mine[4]) != (theirs[0], theirs[2], theirs[4]) or \
+                (self.keys.dtype, self.keys.device) != (other.keys.dtype, other.keys.device):
             raise ValueError(f"append_rows: caches of different layouts ({tuple(mine)} {self.keys.dtype} on "
                              f"{self.keys.device} and {tuple(theirs)} {other.keys.dtype} on {other.keys.device}).")
-        held, joining = (self._lengths if self.keys is not None else []), other._lengths
-        lengths = held + joining
-        keys, values = self._key_slab, self._value_slab
-        if keys is not None and values is not None and held and len(lengths) <= keys.shape[1] \
-                and max(joining) <= keys.shape[3]:
+        held, lengths = self._lengths, self._lengths + joining
+        if len(lengths) <= keys.shape[1] and max(joining) <= keys.shape[3]:  # into the room
             first, longest = len(held), max(joining)
             keys[:, first: len(lengths), :, :longest] = other.keys[:, :, :, :longest]
             values[:, first: len(lengths), :, :longest] = other.values[:, :, :, :longest]
             self._hold(keys, values, lengths)
             return
-        sources = [(other.keys, other.values, joining)]
-        if held and keys is not None and values is not None:
-            sources.insert(0, (keys, values, held))
-        rows = max(len(lengths), 0 if keys is None or not held else int(keys.shape[1]))
-        self._hold(*self._regrown(rows, _capacity(max(lengths)), sources), lengths)
+        rows = max(len(lengths), int(keys.shape[1]))  # the room is kept
+        self._hold(*self._regrown(rows, _capacity(max(lengths)), [(keys, values, held),
+                                                                   (other.keys, other.values, joining)]), lengths)
 
 
 def row_mask(lengths: Sequence[int], n: int, visible: torch.Tensor | None, device: torch.device) -> torch.Tensor:
