@@ -33,8 +33,9 @@ class NativeKVCache(KVCache):
 
     Memory: 2 x layers x R x kv_heads x capacity x head_dim elements, where R is the most rows held at once since
     the cache was made (at most the batch size) and capacity is the power of two (at least 256) at or above the
-    longest row held plus the tokens being fed. It grows by doubling with the longest row, so it is proportional
-    to the batch times the longest row actually held, never to the batch times the context window. Shorter rows
+    longest row held plus the tokens being fed. It grows by doubling with the longest row and shrinks once the rows
+    held fit in a quarter of it, so it stays within a small factor of the batch times the longest row actually
+    held, never the batch times the context window. Shorter rows
     leave the tail of their slab unused (a paged layout would reclaim it). crop frees nothing.
 
     Rows leaving and joining copy only what moves, never the whole buffer: `drop_rows` closes up the rows after a
