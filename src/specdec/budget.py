@@ -82,8 +82,12 @@ SHARED_CURVE = True
 _ONE_ROW_PROBE_ROUNDS = 2
 #: rows' steps seen before the estimates are trusted
 _WARMUP_STEPS = 8
-#: the upper-confidence margin on E(m) after n steps is min(1, _EXPLORATION / sqrt(1 + n)) tokens
-_EXPLORATION = 2.0
+#: the upper-confidence margin on E(m) after n steps is min(1, _EXPLORATION / sqrt(1 + n)) tokens. 2.0 until stop 36:
+#: where drafting only breaks even (one bf16 row on a CPU without bf16 units: a 3-token forward cost ~1.75 one-token
+#: ones) its margin, still 0.15 tokens after 170 steps, kept a lone row drafting 2 tokens at E(2) = 1.87 and 4% below
+#: plain decoding; at 0.5 that row decodes plainly, level with it, and where drafting pays (float32, one row and
+#: batch 4) the speed is unchanged (docs/benchmarks.md, "Stop 36")
+_EXPLORATION = 0.5
 #: steps without drafting after which a batch bucket drafts once more, to measure its drafting time afresh (unless no
 #: draft length would pay even were drafting free)
 _REFRESH_STEPS = 32
