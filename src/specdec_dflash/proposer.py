@@ -317,7 +317,7 @@ class DFlashProposer(HiddenStateProposer):
         if 1 + k < hidden.shape[1]:
             hidden = hidden[:, : 1 + k].contiguous()
         head = self.target.lm_head if self.vocab_ids is None else self.head
-        logits = head(hidden.to(head.weight.dtype))  # [B, n, V or V']
+        logits = head(hidden.to(head.weight.dtype))  # [R, 1 + k, V or V']
         return self.model.transform_logits(logits)
 
     def _finish(self, job: _Job, logits: torch.Tensor, hidden: torch.Tensor) -> Draft:
