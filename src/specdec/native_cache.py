@@ -180,7 +180,7 @@ class NativeKVCache(KVCache):
         """Rows leave the batch: remove them and close up the rest, in order. Only the rows after the first one
         leaving move, each one row down per row left before it, as far as it holds positions; the rows freed stay
         as room for rows joining. When the longest row left and the rest fit in a quarter of the positions or less,
-        they move to a buffer that size instead. Dropping every row empties the cache."""
+        they then move to a buffer that size. Dropping every row empties the cache."""
         drop = {int(r) for r in rows}
         if any(not 0 <= r < len(self._lengths) for r in drop):
             raise ValueError(f"drop_rows: rows {sorted(drop)} are not all among the {len(self._lengths)} held.")
@@ -192,18 +192,14 @@ class NativeKVCache(KVCache):
         if not stay or keys is None or values is None:
             self._hold(None, None, [])
             return
-        capacity = _capacity(max(lengths))
-        if capacity * _SHRINK <= keys.shape[3]:  # the longest row left: a smaller buffer, with the same room
-            index = torch.tensor(stay, device=keys.device)
-            self._hold(*self._regrown(int(keys.shape[1]), capacity, [(keys.index_select(1, index),
-                                                                        values.index_select(1, index), lengths)]),
-                       lengths)
-            return
         for slot, row in enumerate(stay):  # slot <= row: each slot written has left or already moved down
             if slot != row and self._lengths[row]:
                 held = self._lengths[row]
                 keys[:, slot, :, :held] = keys[:, row, :, :held]
                 values[:, slot, :, :held] = values[:, row, :, :held]
+        capacity = _capacity(max(lengths))
+        if capacity * _SHRINK <= keys.shape[3]:  # the longest row left: a smaller buffer, with the same room
+            keys, values = self._regrown(int(keys.shape[1]), capacity, [(keys, values, lengths)])
         self._hold(keys, values, lengths)
 
     @torch.inference_mode()
